@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# test.sh - the project's whole test run, as CI runs it (.ci/run calls this).
+#
+#   1. installs what a fresh Debian machine lacks (build deps, the lab VM's
+#      kernel, qemu, rdma-core, perftest, shellcheck)
+#   2. cargo fmt --check, cargo clippy -D warnings
+#   3. host tests (cargo test --workspace; lab tests show as ignored here)
+#   4. the lab suite on real Soft-RoCE inside scripts/softroce-vm.sh
+#   5. the Terraform lab checks (scripts/check-terraform.sh)
+# and ends with one line per stage and a total: "N passed, M failed".
+#
+# Options:
+#   --host-only   skip the VM suite (refused when CI=true: there a VM suite
+#                 that cannot run is a failure, never a skip)
+#   --no-install  do not install packages (they must be present)
+#   -h, --help    this text
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+HOST_ONLY=0
+INSTALL=1
+while [ $# -gt 0 ]; do
+    case $1 in
+        --host-only) HOST_ONLY=1 ;;
+        --no-install) INSTALL=0 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "test.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ "${CI:-}" = true ] && [ "$HOST_ONLY" = 1 ]; then
+    echo "test.sh: --host-only is not allowed when CI=true" >&2
+    exit 2
+fi
+
+ROOT=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+cd "$ROOT"
+LOGDIR=$ROOT/target/test-logs
+mkdir -p "$LOGDIR"
+T0=$SECONDS
+stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
+
+# ------------------------------------------------------------------ install
+# Build dependencies: cmake + clang/libclang for rdma-mummy-sys (bindgen),
+# clang/llvm/libbpf/bpftool for the eBPF programs, shellcheck for scripts.
+BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
+            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark)
+if [ "$INSTALL" = 1 ]; then
+    stage "install"
+    missing=()
+    for p in "${BUILD_PKGS[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        # tshark asks whether non-root users may capture; answer no.
+        echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+        apt-get update -q
+        apt-get install -y -q --no-install-recommends "${missing[@]}"
+    fi
+    if [ "$HOST_ONLY" = 0 ]; then
+        bash scripts/softroce-vm.sh --install-only
+    fi
+fi
+
+# ------------------------------------------------------------------ lint
+stage "cargo fmt --check"
+cargo fmt --all -- --check
+stage "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# ------------------------------------------------------------------ host tests
+# Sums libtest's "test result:" lines of a log into "passed failed ignored".
+count() {
+    awk '/^test result:/ { for (i = 1; i <= NF; i++) {
+            if ($(i) ~ /^passed;?$/) p += $(i-1);
+            if ($(i) ~ /^failed;?$/) f += $(i-1);
+            if ($(i) ~ /^ignored;?$/) g += $(i-1) } }
+         END { printf "%d %d %d\n", p, f, g }' "$1"
+}
+
+stage "host tests"
+host_rc=0
+cargo test --workspace --locked 2>&1 | tee "$LOGDIR/host.log" || host_rc=$?
+read -r HOST_PASS HOST_FAIL HOST_IGN < <(count "$LOGDIR/host.log")
+if [ "$host_rc" != 0 ] && [ "$HOST_FAIL" = 0 ]; then HOST_FAIL=1; fi
+
+# ------------------------------------------------------------------ VM suite
+VM_PASS=0 VM_FAIL=0 vm_rc=0
+if [ "$HOST_ONLY" = 0 ]; then
+    stage "build the lab suite"
+    cargo build --workspace --bins --locked
+    mapfile -t VM_TESTS < <(cargo test -p secure-rdma-tests --no-run --locked --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])')
+    if [ ${#VM_TESTS[@]} -eq 0 ]; then
+        echo "test.sh: no lab test binaries were built" >&2
+        exit 1
+    fi
+    stage "lab suite in the Soft-RoCE VM (${#VM_TESTS[@]} test binaries)"
+    cmd="rc=0; for t in ${VM_TESTS[*]}; do \"\$t\" --include-ignored --test-threads=1 || rc=1; done; exit \$rc"
+    bash scripts/softroce-vm.sh "$cmd" 2>&1 | tee "$LOGDIR/vm.log" || vm_rc=${PIPESTATUS[0]}
+    read -r VM_PASS VM_FAIL _ < <(count "$LOGDIR/vm.log")
+    if [ "$vm_rc" != 0 ] && [ "$VM_FAIL" = 0 ]; then
+        echo "test.sh: the VM suite could not run (softroce-vm.sh exit $vm_rc)" >&2
+        VM_FAIL=1
+    fi
+    if [ "$VM_PASS" = 0 ] && [ "$vm_rc" = 0 ]; then
+        echo "test.sh: the VM suite ran no test" >&2
+        VM_FAIL=1
+    fi
+fi
+
+# ------------------------------------------------------------------ terraform
+stage "terraform lab checks"
+tf_rc=0
+bash scripts/check-terraform.sh 2>&1 | tee "$LOGDIR/terraform.log" || tf_rc=${PIPESTATUS[0]}
+read -r TF_PASS TF_FAIL < <(awk '/^[0-9]+ passed, [0-9]+ failed/ { p = $1; f = $3 } END { printf "%d %d\n", p, f }' "$LOGDIR/terraform.log")
+if [ "$tf_rc" != 0 ] && [ "$TF_FAIL" = 0 ]; then TF_FAIL=1; fi
+
+# ------------------------------------------------------------------ summary
+stage "summary"
+echo "host: $HOST_PASS passed, $HOST_FAIL failed ($HOST_IGN lab tests ignored on the host)"
+if [ "$HOST_ONLY" = 0 ]; then
+    echo "vm: $VM_PASS passed, $VM_FAIL failed"
+else
+    echo "vm: not run (--host-only)"
+fi
+echo "terraform: $TF_PASS passed, $TF_FAIL failed"
+TOTAL_PASS=$((HOST_PASS + VM_PASS + TF_PASS))
+TOTAL_FAIL=$((HOST_FAIL + VM_FAIL + TF_FAIL))
+echo "total: $TOTAL_PASS passed, $TOTAL_FAIL failed"
+[ "$TOTAL_FAIL" = 0 ]

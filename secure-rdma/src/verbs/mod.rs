@@ -1,0 +1,145 @@
+//! The verbs layer: plain, explicit libibverbs sequences on top of `sideway`.
+//!
+//! One [`Device`] context is opened per process and shared (`Arc`) by every
+//! connection; each connection then owns its [`ProtectionDomain`],
+//! [`CompletionQueue`]s, [`QueuePair`] and [`MemoryRegion`]s, so dropping a
+//! connection frees exactly its resources.
+//!
+//! The RC queue pair is a typestate: [`QueuePair<Reset>`] →
+//! [`QueuePair<Init>`] → [`QueuePair<Rtr>`] → [`QueuePair<Rts>`], each
+//! transition taking exactly the parameters it needs, and sends compile only
+//! on `QueuePair<Rts>`:
+//!
+//! ```compile_fail
+//! # use secure_rdma::verbs::{QueuePair, Init, MemoryRegion};
+//! # fn f(qp: &mut QueuePair<Init>, mr: &std::sync::Arc<MemoryRegion>) {
+//! qp.post_send(1, mr, 0..8); // no post_send before RTS
+//! # }
+//! ```
+
+mod cq;
+mod device;
+mod gid;
+mod mr;
+mod qp;
+
+pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
+pub use device::{Device, PathMtu, ProtectionDomain};
+pub use gid::{select_gid, Gid, GidEntry, GidKind, GidSelector, NoMatchingGid, ParseGidError};
+pub use mr::{MemoryRegion, MrAccess, RemoteBuffer};
+pub use qp::{
+    Init, QpAttributes, QpCaps, QpState, QueuePair, Reset, Rtr, RtrParams, Rts, RtsParams,
+};
+
+use std::time::Duration;
+
+/// Everything that can go wrong in the verbs layer. Each variant names the
+/// device or queue pair and the verb involved.
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsError {
+    /// libibverbs could not list devices (library or provider missing).
+    #[error("cannot list RDMA devices: {0} (are libibverbs1 and ibverbs-providers installed?)")]
+    DeviceList(String),
+    /// There is no RDMA device at all.
+    #[error("no RDMA device found (for Soft-RoCE run scripts/setup-softroce.sh)")]
+    NoDevice,
+    /// The named device does not exist.
+    #[error("RDMA device {name:?} not found; available: {available}")]
+    DeviceNotFound {
+        /// The requested name.
+        name: String,
+        /// Comma-separated names of the devices that exist.
+        available: String,
+    },
+    /// No device carries a RoCEv2 GID for the given address.
+    #[error("no RDMA device has a RoCEv2 GID for address {addr}; {details}")]
+    NoDeviceForAddress {
+        /// The local address a GID was looked for.
+        addr: std::net::IpAddr,
+        /// What each device has.
+        details: String,
+    },
+    /// A GID selector matched nothing.
+    #[error(transparent)]
+    Gid(#[from] NoMatchingGid),
+    /// A verb returned an error.
+    #[error("{verb} failed on {device}: {reason}")]
+    Verb {
+        /// The libibverbs call, e.g. `ibv_create_qp`.
+        verb: &'static str,
+        /// Device name.
+        device: String,
+        /// What the library said.
+        reason: String,
+    },
+    /// A queue pair state transition was refused by the device.
+    #[error("QP {qpn} on {device}: transition {from} -> {to} failed: {reason}")]
+    Transition {
+        /// Device name.
+        device: String,
+        /// The queue pair number.
+        qpn: crate::psn::Qpn,
+        /// State before.
+        from: &'static str,
+        /// State asked for.
+        to: &'static str,
+        /// What the device said.
+        reason: String,
+    },
+    /// A parameter was invalid before any verb was called.
+    #[error("invalid parameter: {0}")]
+    Invalid(String),
+    /// A completion did not arrive in time. On RC a PSN or GID mismatch
+    /// produces exactly this: the peer silently drops every packet.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// The timeout that expired.
+        after: Duration,
+    },
+    /// A work request completed with an error status.
+    #[error("work request {wr_id} ({opcode}) completed with error: {status}")]
+    WorkCompletion {
+        /// The work request id given when posting.
+        wr_id: u64,
+        /// Operation of the completion.
+        opcode: WcOpcode,
+        /// The error status.
+        status: WcStatus,
+    },
+    /// An access outside a memory region.
+    #[error("range {start}..{end} is outside the {len}-byte memory region")]
+    OutOfBounds {
+        /// First byte.
+        start: u64,
+        /// One past the last byte.
+        end: u64,
+        /// Size of the region.
+        len: u64,
+    },
+    /// The completion channel file descriptor failed.
+    #[error("completion channel of {device}: {source}")]
+    Channel {
+        /// Device name.
+        device: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl VerbsError {
+    fn verb(verb: &'static str, device: &str, reason: impl std::fmt::Display) -> Self {
+        VerbsError::Verb {
+            verb,
+            device: device.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+impl From<crate::psn::OutOfRange> for VerbsError {
+    fn from(e: crate::psn::OutOfRange) -> Self {
+        VerbsError::Invalid(e.to_string())
+    }
+}

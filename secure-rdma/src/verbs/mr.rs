@@ -1,0 +1,255 @@
+//! Memory regions that own their buffers.
+//!
+//! The buffer is allocated here, registered here, and freed only after it
+//! has been deregistered: a registered buffer cannot be freed or moved by
+//! safe code. Queue pairs keep an `Arc` of every region they post, so a
+//! region also outlives any work request that might still touch it.
+
+use std::alloc::{self, Layout};
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sideway::ibverbs::memory_region::MemoryRegion as SwMr;
+use sideway::ibverbs::AccessFlags;
+
+use super::device::ProtectionDomain;
+use super::VerbsError;
+
+/// What the remote side may do with a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MrAccess {
+    /// Local use only (send buffers, receive buffers).
+    Local,
+    /// The peer may RDMA WRITE into it.
+    RemoteWrite,
+    /// The peer may RDMA WRITE and RDMA READ.
+    RemoteReadWrite,
+}
+
+impl MrAccess {
+    fn flags(self) -> AccessFlags {
+        match self {
+            MrAccess::Local => AccessFlags::LocalWrite,
+            MrAccess::RemoteWrite => AccessFlags::LocalWrite | AccessFlags::RemoteWrite,
+            MrAccess::RemoteReadWrite => {
+                AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead
+            }
+        }
+    }
+}
+
+/// What a peer needs to RDMA WRITE into a region: its address, rkey and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteBuffer {
+    /// Virtual address of the first byte, in the owner's address space.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Size in bytes.
+    pub len: u64,
+}
+
+impl RemoteBuffer {
+    /// The absolute address of `offset`, checking that `len` bytes from there
+    /// fit in the buffer.
+    pub fn at(&self, offset: u64, len: u64) -> Result<u64, VerbsError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.addr.wrapping_add(offset)),
+            _ => Err(VerbsError::OutOfBounds {
+                start: offset,
+                end: offset.saturating_add(len),
+                len: self.len,
+            }),
+        }
+    }
+}
+
+struct Buffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `MemoryRegion::new` with this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A registered, zero-initialised, page-aligned buffer.
+///
+/// Reads and writes copy: the device may write the memory at any time
+/// (an RDMA WRITE from the peer), so no Rust reference into it is handed out.
+///
+/// ```no_run
+/// # fn f(pd: &std::sync::Arc<secure_rdma::verbs::ProtectionDomain>) -> Result<(), secure_rdma::verbs::VerbsError> {
+/// use secure_rdma::verbs::{MemoryRegion, MrAccess};
+/// let mr = MemoryRegion::new(pd, 4096, MrAccess::RemoteWrite)?;
+/// mr.write(0, b"hello")?;
+/// assert_eq!(mr.read(0, 5)?, b"hello");
+/// let remote = mr.remote(); // addr + rkey + len, for the peer
+/// # Ok(()) }
+/// ```
+pub struct MemoryRegion {
+    // Field order is drop order: deregister before the buffer is freed.
+    mr: Arc<SwMr>,
+    buf: Buffer,
+    len: usize,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the buffer is only accessed through raw copies; the registration
+// handle is Send + Sync.
+unsafe impl Send for MemoryRegion {}
+unsafe impl Sync for MemoryRegion {}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("len", &self.len)
+            .field("lkey", &self.lkey())
+            .finish()
+    }
+}
+
+const PAGE: usize = 4096;
+
+impl MemoryRegion {
+    /// Allocates `len` zeroed bytes and registers them with `access`.
+    pub fn new(
+        pd: &Arc<ProtectionDomain>,
+        len: usize,
+        access: MrAccess,
+    ) -> Result<Arc<Self>, VerbsError> {
+        if len == 0 {
+            return Err(VerbsError::Invalid(
+                "a memory region cannot be empty".to_owned(),
+            ));
+        }
+        let layout = Layout::from_size_align(len, PAGE)
+            .map_err(|e| VerbsError::Invalid(format!("memory region of {len} bytes: {e}")))?;
+        // SAFETY: layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(|| {
+            VerbsError::Invalid(format!("cannot allocate {len} bytes for a memory region"))
+        })?;
+        let buf = Buffer { ptr, layout };
+        // SAFETY: the buffer is valid for `len` bytes and lives in `Self`,
+        // which deregisters before freeing it.
+        let mr = unsafe { pd.pd.reg_mr(ptr.as_ptr() as usize, len, access.flags()) }
+            .map_err(|e| VerbsError::verb("ibv_reg_mr", pd.device.name(), e))?;
+        Ok(Arc::new(MemoryRegion {
+            mr,
+            buf,
+            len,
+            pd: Arc::clone(pd),
+        }))
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: empty regions are refused at creation.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Local key, for work requests posted on this side.
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+
+    /// Remote key, for the peer.
+    pub fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+
+    /// Address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.buf.ptr.as_ptr() as u64
+    }
+
+    /// Address, rkey and size for the peer.
+    pub fn remote(&self) -> RemoteBuffer {
+        RemoteBuffer {
+            addr: self.addr(),
+            rkey: self.rkey(),
+            len: self.len as u64,
+        }
+    }
+
+    pub(crate) fn check(&self, range: &Range<usize>) -> Result<(), VerbsError> {
+        if range.start <= range.end && range.end <= self.len {
+            Ok(())
+        } else {
+            Err(VerbsError::OutOfBounds {
+                start: range.start as u64,
+                end: range.end as u64,
+                len: self.len as u64,
+            })
+        }
+    }
+
+    /// Copies `len` bytes starting at `offset` out of the region.
+    pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, VerbsError> {
+        let range = offset..offset.saturating_add(len);
+        self.check(&range)?;
+        let mut out = vec![0u8; len];
+        // SAFETY: bounds checked above; the source may be written by the
+        // device concurrently, which a byte copy tolerates.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.buf.ptr.as_ptr().add(offset), out.as_mut_ptr(), len)
+        };
+        Ok(out)
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
+        let range = offset..offset.saturating_add(data.len());
+        self.check(&range)?;
+        // SAFETY: bounds checked above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.buf.ptr.as_ptr().add(offset),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: the whole buffer is ours.
+        unsafe { std::ptr::write_bytes(self.buf.ptr.as_ptr(), byte, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_buffer_bounds() {
+        let r = RemoteBuffer {
+            addr: 0x1000,
+            rkey: 7,
+            len: 100,
+        };
+        assert_eq!(r.at(0, 100).unwrap(), 0x1000);
+        assert_eq!(r.at(99, 1).unwrap(), 0x1063);
+        assert!(r.at(99, 2).is_err());
+        assert!(r.at(u64::MAX, 2).is_err());
+        assert_eq!(
+            r.at(50, 51).unwrap_err().to_string(),
+            "range 50..101 is outside the 100-byte memory region"
+        );
+    }
+}

@@ -1,0 +1,493 @@
+//! The RC queue pair as a typestate: `Reset -> Init -> Rtr -> Rts`.
+//!
+//! Each transition consumes the queue pair and returns it in the next state,
+//! taking exactly what that transition needs: INIT the access rights, RTR
+//! the peer's QPN, PSN and GID and the path MTU, RTS our own PSN. Receives
+//! may be posted from INIT on (so they are ready before the peer can send);
+//! sends, writes and writes with immediate compile only in RTS.
+//!
+//! If a transition fails the queue pair is destroyed and the error names the
+//! states and the device's reason; a half-configured RC QP is of no use.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Arc;
+
+use sideway::ibverbs::address::AddressHandleAttribute;
+use sideway::ibverbs::queue_pair::{
+    BasicQueuePair, PostSendGuard, QueuePair as _, QueuePairAttribute, QueuePairAttributeMask,
+    QueuePairState, QueuePairType, SetScatterGatherEntry, WorkRequestFlags,
+};
+use sideway::ibverbs::AccessFlags;
+
+use super::cq::CompletionQueue;
+use super::device::{PathMtu, ProtectionDomain, PORT};
+use super::gid::{Gid, GidEntry};
+use super::mr::{MemoryRegion, RemoteBuffer};
+use super::VerbsError;
+use crate::psn::{Psn, Qpn};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A queue pair state marker.
+pub trait QpState: sealed::Sealed {
+    /// Name as in the IBA spec.
+    const NAME: &'static str;
+}
+
+/// Receives may be posted in this state.
+pub trait CanRecv: QpState {}
+
+macro_rules! state {
+    ($(#[$doc:meta])* $name:ident, $text:literal) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $name {}
+        impl sealed::Sealed for $name {}
+        impl QpState for $name {
+            const NAME: &'static str = $text;
+        }
+    };
+}
+
+state!(
+    /// Just created: nothing configured.
+    Reset,
+    "RESET"
+);
+state!(
+    /// Port, P_Key and access rights set; receives may be posted.
+    Init,
+    "INIT"
+);
+state!(
+    /// Ready to receive: bound to the peer's QPN, PSN and GID.
+    Rtr,
+    "RTR"
+);
+state!(
+    /// Ready to send.
+    Rts,
+    "RTS"
+);
+impl CanRecv for Init {}
+impl CanRecv for Rtr {}
+impl CanRecv for Rts {}
+
+/// Queue sizes of a new queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Outstanding send work requests.
+    pub max_send_wr: u32,
+    /// Outstanding receive work requests.
+    pub max_recv_wr: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+        }
+    }
+}
+
+/// Parameters of the RTR transition: who the peer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RtrParams {
+    /// The peer's queue pair number.
+    pub remote_qpn: Qpn,
+    /// The first PSN the peer will send (our receive PSN).
+    pub remote_psn: Psn,
+    /// The peer's GID.
+    pub remote_gid: Gid,
+    /// Path MTU: the smaller of both ports' active MTUs.
+    pub path_mtu: PathMtu,
+}
+
+impl RtrParams {
+    /// Validates raw values as received from a peer.
+    ///
+    /// ```
+    /// use secure_rdma::verbs::{PathMtu, RtrParams};
+    /// let gid = "::ffff:10.77.0.2".parse().unwrap();
+    /// assert!(RtrParams::new(0x11, 0xabcdef, gid, PathMtu::Mtu1024).is_ok());
+    /// assert!(RtrParams::new(1 << 24, 0, gid, PathMtu::Mtu1024).is_err());
+    /// assert!(RtrParams::new(0x11, 1 << 24, gid, PathMtu::Mtu1024).is_err());
+    /// ```
+    pub fn new(
+        remote_qpn: u32,
+        remote_psn: u32,
+        remote_gid: Gid,
+        path_mtu: PathMtu,
+    ) -> Result<Self, VerbsError> {
+        let remote_qpn = Qpn::new(remote_qpn)?;
+        if remote_qpn.get() < 2 {
+            // QP0 and QP1 are the management QPs, never an RC peer.
+            return Err(VerbsError::Invalid(format!(
+                "remote QPN {remote_qpn} is a special QP (0 and 1 are reserved)"
+            )));
+        }
+        if remote_gid.is_zero() {
+            return Err(VerbsError::Invalid("remote GID is all zeros".to_owned()));
+        }
+        Ok(RtrParams {
+            remote_qpn,
+            remote_psn: Psn::new(remote_psn)?,
+            remote_gid,
+            path_mtu,
+        })
+    }
+}
+
+/// Parameters of the RTS transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RtsParams {
+    /// Our first send PSN: the value we announced to the peer.
+    pub local_psn: Psn,
+}
+
+impl RtsParams {
+    /// Validates a raw PSN.
+    ///
+    /// ```
+    /// use secure_rdma::verbs::RtsParams;
+    /// assert!(RtsParams::new(0xffffff).is_ok());
+    /// assert!(RtsParams::new(0x1000000).is_err());
+    /// ```
+    pub fn new(local_psn: u32) -> Result<Self, VerbsError> {
+        Ok(RtsParams {
+            local_psn: Psn::new(local_psn)?,
+        })
+    }
+}
+
+/// What `ibv_query_qp` reports about a connected queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QpAttributes {
+    /// Current state name ("RTS", "ERR", …).
+    pub state: &'static str,
+    /// Next send PSN.
+    pub sq_psn: u32,
+    /// Next expected receive PSN.
+    pub rq_psn: u32,
+    /// The peer's QPN.
+    pub dest_qpn: u32,
+}
+
+/// An RC queue pair in state `S`.
+pub struct QueuePair<S: QpState> {
+    // Field order is drop order: destroy the QP before releasing the regions
+    // it may still reference and the CQs it reports to.
+    qp: BasicQueuePair,
+    pinned: Vec<Arc<MemoryRegion>>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    pd: Arc<ProtectionDomain>,
+    sgid: GidEntry,
+    qpn: Qpn,
+    _state: PhantomData<S>,
+}
+
+impl<S: QpState> std::fmt::Debug for QueuePair<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.qpn)
+            .field("state", &S::NAME)
+            .field("device", &self.pd.device().name())
+            .finish()
+    }
+}
+
+impl QueuePair<Reset> {
+    /// Creates an RC queue pair that sends from GID `sgid`.
+    pub fn create(
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        sgid: GidEntry,
+        caps: QpCaps,
+    ) -> Result<Self, VerbsError> {
+        let qp = pd
+            .pd
+            .create_qp_builder()
+            .setup_qp_type(QueuePairType::ReliableConnection)
+            .setup_max_send_wr(caps.max_send_wr)
+            .setup_max_recv_wr(caps.max_recv_wr)
+            .setup_max_send_sge(1)
+            .setup_max_recv_sge(1)
+            .setup_send_cq(Arc::clone(&send_cq.cq))
+            .setup_recv_cq(Arc::clone(&recv_cq.cq))
+            .build()
+            .map_err(|e| VerbsError::verb("ibv_create_qp", pd.device().name(), e))?;
+        let qpn = Qpn::new(qp.qp_number())?;
+        Ok(QueuePair {
+            qp,
+            pinned: Vec::new(),
+            send_cq: Arc::clone(send_cq),
+            recv_cq: Arc::clone(recv_cq),
+            pd: Arc::clone(pd),
+            sgid,
+            qpn,
+            _state: PhantomData,
+        })
+    }
+
+    /// RESET → INIT. `remote_write` lets the peer RDMA WRITE into regions
+    /// registered for it.
+    pub fn into_init(mut self, remote_write: bool) -> Result<QueuePair<Init>, VerbsError> {
+        let mut access = AccessFlags::LocalWrite;
+        if remote_write {
+            access |= AccessFlags::RemoteWrite;
+        }
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Init)
+            .setup_pkey_index(0)
+            .setup_port(PORT)
+            .setup_access_flags(access);
+        self.modify(&attr, Init::NAME)?;
+        Ok(self.into_state())
+    }
+}
+
+impl QueuePair<Init> {
+    /// INIT → RTR: binds the queue pair to its peer.
+    pub fn into_rtr(mut self, p: RtrParams) -> Result<QueuePair<Rtr>, VerbsError> {
+        let sgid_index = u8::try_from(self.sgid.index).map_err(|_| {
+            VerbsError::Invalid(format!("GID index {} does not fit in 8 bits", self.sgid.index))
+        })?;
+        let mut av = AddressHandleAttribute::new();
+        av.setup_dest_lid(0)
+            .setup_port(PORT)
+            .setup_service_level(0)
+            .setup_grh(
+                &sideway::ibverbs::address::Gid {
+                    raw: p.remote_gid.0,
+                },
+                0,
+                sgid_index,
+                64,
+                0,
+            );
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::ReadyToReceive)
+            .setup_path_mtu(p.path_mtu.to_sideway())
+            .setup_dest_qp_num(p.remote_qpn.get())
+            .setup_rq_psn(p.remote_psn.get())
+            .setup_max_dest_read_atomic(1)
+            .setup_min_rnr_timer(12)
+            .setup_address_vector(&av);
+        self.modify(&attr, Rtr::NAME)?;
+        Ok(self.into_state())
+    }
+}
+
+impl QueuePair<Rtr> {
+    /// RTR → RTS with our first send PSN.
+    pub fn into_rts(mut self, p: RtsParams) -> Result<QueuePair<Rts>, VerbsError> {
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::ReadyToSend)
+            .setup_sq_psn(p.local_psn.get())
+            // 4.096 µs * 2^14 ≈ 67 ms per try, 7 tries: a lost peer is noticed
+            // in about half a second instead of never.
+            .setup_timeout(14)
+            .setup_retry_cnt(7)
+            .setup_rnr_retry(7)
+            .setup_max_read_atomic(1);
+        self.modify(&attr, Rts::NAME)?;
+        Ok(self.into_state())
+    }
+}
+
+impl<S: QpState> QueuePair<S> {
+    /// The queue pair number.
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// The GID this queue pair sends from.
+    pub fn sgid(&self) -> &GidEntry {
+        &self.sgid
+    }
+
+    /// The CQ that reports sends and writes.
+    pub fn send_cq(&self) -> &Arc<CompletionQueue> {
+        &self.send_cq
+    }
+
+    /// The CQ that reports receives.
+    pub fn recv_cq(&self) -> &Arc<CompletionQueue> {
+        &self.recv_cq
+    }
+
+    /// Reads state, PSNs and peer QPN back from the device.
+    pub fn query(&self) -> Result<QpAttributes, VerbsError> {
+        let mask = QueuePairAttributeMask::State
+            | QueuePairAttributeMask::SendQueuePacketSequenceNumber
+            | QueuePairAttributeMask::ReceiveQueuePacketSequenceNumber
+            | QueuePairAttributeMask::DestinationQueuePairNumber;
+        let (attr, _) = self
+            .qp
+            .query(mask)
+            .map_err(|e| VerbsError::verb("ibv_query_qp", self.pd.device().name(), e))?;
+        Ok(QpAttributes {
+            state: state_name(attr.state()),
+            sq_psn: attr.sq_psn(),
+            rq_psn: attr.rq_psn(),
+            dest_qpn: attr.dest_qp_num(),
+        })
+    }
+
+    fn modify(&mut self, attr: &QueuePairAttribute, to: &'static str) -> Result<(), VerbsError> {
+        self.qp.modify(attr).map_err(|e| VerbsError::Transition {
+            device: self.pd.device().name().to_owned(),
+            qpn: self.qpn,
+            from: S::NAME,
+            to,
+            reason: e.to_string(),
+        })
+    }
+
+    fn into_state<T: QpState>(self) -> QueuePair<T> {
+        QueuePair {
+            qp: self.qp,
+            pinned: self.pinned,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            pd: self.pd,
+            sgid: self.sgid,
+            qpn: self.qpn,
+            _state: PhantomData,
+        }
+    }
+
+    /// Keeps `mr` alive as long as this queue pair: a posted work request
+    /// may reference it until the QP is destroyed.
+    fn pin(&mut self, mr: &Arc<MemoryRegion>, range: &Range<usize>) -> Result<(), VerbsError> {
+        if !Arc::ptr_eq(mr.pd(), &self.pd) {
+            return Err(VerbsError::Invalid(
+                "memory region belongs to another protection domain".to_owned(),
+            ));
+        }
+        mr.check(range)?;
+        u32::try_from(range.len()).map_err(|_| {
+            VerbsError::Invalid(format!("{} bytes exceed one work request", range.len()))
+        })?;
+        if !self.pinned.iter().any(|p| Arc::ptr_eq(p, mr)) {
+            self.pinned.push(Arc::clone(mr));
+        }
+        Ok(())
+    }
+}
+
+fn state_name(s: QueuePairState) -> &'static str {
+    match s {
+        QueuePairState::Reset => "RESET",
+        QueuePairState::Init => "INIT",
+        QueuePairState::ReadyToReceive => "RTR",
+        QueuePairState::ReadyToSend => "RTS",
+        QueuePairState::SendQueueDrain => "SQD",
+        QueuePairState::SendQueueError => "SQE",
+        QueuePairState::Error => "ERR",
+        QueuePairState::Unknown => "UNKNOWN",
+    }
+}
+
+impl<S: CanRecv> QueuePair<S> {
+    /// Posts a receive for `range` of `mr`; an incoming SEND lands there, an
+    /// incoming WRITE WITH IMMEDIATE consumes it to deliver its immediate.
+    pub fn post_recv(
+        &mut self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        range: Range<usize>,
+    ) -> Result<(), VerbsError> {
+        self.pin(mr, &range)?;
+        let mut guard = self.qp.start_post_recv();
+        let wr = guard.construct_wr(wr_id);
+        // SAFETY: range checked against the region, which the QP keeps alive.
+        unsafe { wr.setup_sge(mr.lkey(), mr.addr() + range.start as u64, range.len() as u32) };
+        guard
+            .post()
+            .map_err(|e| VerbsError::verb("ibv_post_recv", self.pd.device().name(), e))
+    }
+}
+
+/// The operation of a send-queue work request.
+enum SendOp {
+    Send,
+    Write(u32, u64),
+    WriteImm(u32, u64, u32),
+}
+
+impl QueuePair<Rts> {
+    /// Posts a SEND of `range` of `mr` (signalled).
+    pub fn post_send(
+        &mut self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        range: Range<usize>,
+    ) -> Result<(), VerbsError> {
+        self.post(wr_id, mr, range, SendOp::Send)
+    }
+
+    /// Posts an RDMA WRITE of `range` of `mr` to `remote` at `offset`.
+    pub fn post_write(
+        &mut self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        range: Range<usize>,
+        remote: &RemoteBuffer,
+        offset: u64,
+    ) -> Result<(), VerbsError> {
+        let addr = remote.at(offset, range.len() as u64)?;
+        self.post(wr_id, mr, range, SendOp::Write(remote.rkey, addr))
+    }
+
+    /// Posts an RDMA WRITE WITH IMMEDIATE: the data lands like a WRITE, then
+    /// `imm` is delivered to one of the peer's posted receives, telling it
+    /// the write has landed.
+    pub fn post_write_imm(
+        &mut self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        range: Range<usize>,
+        remote: &RemoteBuffer,
+        offset: u64,
+        imm: u32,
+    ) -> Result<(), VerbsError> {
+        let addr = remote.at(offset, range.len() as u64)?;
+        self.post(wr_id, mr, range, SendOp::WriteImm(remote.rkey, addr, imm))
+    }
+
+    fn post(
+        &mut self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        range: Range<usize>,
+        op: SendOp,
+    ) -> Result<(), VerbsError> {
+        self.pin(mr, &range)?;
+        let (lkey, addr, len) = (mr.lkey(), mr.addr() + range.start as u64, range.len() as u32);
+        let mut guard = self.qp.start_post_send();
+        let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
+        let buf = match op {
+            SendOp::Send => wr.setup_send(),
+            SendOp::Write(rkey, raddr) => wr.setup_write(rkey, raddr),
+            // The immediate travels in network order, so a capture shows the
+            // same value the application sent.
+            SendOp::WriteImm(rkey, raddr, imm) => wr.setup_write_imm(rkey, raddr, imm.to_be()),
+        };
+        // A zero-length WRITE WITH IMMEDIATE is legal and carries no SGE.
+        if len > 0 {
+            // SAFETY: range checked against the region, which the QP keeps
+            // alive.
+            unsafe { buf.setup_sge(lkey, addr, len) };
+        }
+        guard
+            .post()
+            .map_err(|e| VerbsError::verb("ibv_post_send", self.pd.device().name(), e))
+    }
+}

@@ -1,0 +1,101 @@
+//! Helpers shared by the lab tests, which run inside the Soft-RoCE VM
+//! (`scripts/softroce-vm.sh`) where `rxe-a` (10.77.0.1 on `veth-a`) and
+//! `rxe-b` (10.77.0.2 on `veth-b`) behave like two hosts.
+//!
+//! The lab tests are `#[ignore]`d on the host, which has no RDMA; the test
+//! script runs them in the VM with `--include-ignored`. Inside, a missing lab
+//! is a test failure, never a skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Server-side lab address (`veth-a`, `rxe-a`).
+pub const ADDR_A: &str = "10.77.0.1";
+/// Client-side lab address (`veth-b`, `rxe-b`).
+pub const ADDR_B: &str = "10.77.0.2";
+
+/// Fails the test unless both lab devices exist.
+pub fn require_lab() {
+    for dev in ["rxe-a", "rxe-b"] {
+        let p = Path::new("/sys/class/infiniband").join(dev);
+        assert!(
+            p.exists(),
+            "Soft-RoCE lab device {dev} missing: run the lab tests through scripts/softroce-vm.sh (scripts/test.sh does)"
+        );
+    }
+}
+
+/// Reads a netdev statistics counter.
+pub fn netdev_counter(dev: &str, counter: &str) -> u64 {
+    let p = format!("/sys/class/net/{dev}/statistics/{counter}");
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {p}: {e}"));
+    s.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("parsing {p}: {e}"))
+}
+
+/// Waits for a child with a deadline; kills it and fails the test on expiry,
+/// so a hung verbs process never hangs the suite.
+pub fn wait_with_deadline(mut child: Child, deadline: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("collect output");
+                panic!(
+                    "{what} still running after {deadline:?}; stderr:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Err(e) => panic!("waiting for {what}: {e}"),
+        }
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+/// Starts a command with piped stdout/stderr.
+pub fn spawn(cmd: &mut Command) -> Child {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"))
+}
+
+/// Resource lines of `rdma resource show <kind>` that belong to `pid`.
+pub fn rdma_resources_of(pid: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for kind in ["qp", "cq", "mr", "pd"] {
+        let out = Command::new("rdma")
+            .args(["resource", "show", kind])
+            .output()
+            .unwrap_or_else(|e| panic!("running rdma resource show {kind}: {e}"));
+        assert!(
+            out.status.success(),
+            "rdma resource show {kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let needle = format!(" pid {pid} ");
+        found.extend(
+            text.lines()
+                .filter(|l| format!("{l} ").contains(&needle))
+                .map(|l| format!("{kind}: {l}")),
+        );
+    }
+    found
+}
+
+/// Directory of the workspace's built binaries (next to the test binary's
+/// `deps/` directory).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test binary has a parent dir");
+    deps.parent().unwrap_or(deps).to_path_buf()
+}
