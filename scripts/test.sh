@@ -120,7 +120,8 @@ fi
 stage "terraform lab checks"
 tf_rc=0
 bash scripts/check-terraform.sh 2>&1 | tee "$LOGDIR/terraform.log" || tf_rc=${PIPESTATUS[0]}
-read -r TF_PASS TF_FAIL < <(awk '/^[0-9]+ passed, [0-9]+ failed/ { p = $1; f = $3 } END { printf "%d %d\n", p, f }' "$LOGDIR/terraform.log")
+# its closing line: "terraform: N passed, N failed, N skipped"
+read -r TF_PASS TF_FAIL < <(awk '/^terraform: [0-9]+ passed, [0-9]+ failed/ { p = $2; f = $4 } END { printf "%d %d\n", p, f }' "$LOGDIR/terraform.log")
 if [ "$tf_rc" != 0 ] && [ "$TF_FAIL" = 0 ]; then TF_FAIL=1; fi
 
 # ------------------------------------------------------------------ summary

@@ -1,1 +1,232 @@
-fn main() {}
+//! `secure-server`: argument parsing and wiring only; the server lives in
+//! `secure_rdma::server`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use secure_rdma::certs;
+use secure_rdma::logging::{self, LogFormat};
+use secure_rdma::server::{Server, ServerConfig};
+use serde::Deserialize;
+
+/// Multi-client secure RDMA server.
+///
+/// Clients authenticate with TLS 1.3 certificates from the deployment's CA
+/// (see `secure-server certs`); connection parameters (GID, QPN, PSN, rkey,
+/// address) travel only inside that TLS session. Each client gets its own
+/// protection domain, completion queues, queue pair and memory regions; the
+/// connection counts as established only after both sides proved over RDMA a
+/// token derived from the TLS session. SEND and WRITE from clients are logged
+/// with the client's identity.
+///
+/// Settings come from flags, then the --config file, then defaults.
+/// SIGINT/SIGTERM stop accepting, close every client, free everything and
+/// exit 0.
+#[derive(Debug, Parser)]
+#[command(version, name = "secure-server")]
+struct Cli {
+    #[command(flatten)]
+    opts: Opts,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Args, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct Opts {
+    /// Address and port to listen on [default: 0.0.0.0:4433]
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<SocketAddr>,
+    /// Clients served at once; client N+1 is refused with "server full (N/N)" [default: 10]
+    #[arg(long, value_name = "N")]
+    max_clients: Option<usize>,
+    /// RDMA device [default: the device whose RoCEv2 GID carries the address the client connected to]
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// Source GID index [default: the RoCEv2 GID of the connection's local address]
+    #[arg(long, value_name = "INDEX")]
+    gid_index: Option<u32>,
+    /// Per-client buffer size in bytes: the largest send or write [default: 4096]
+    #[arg(long, value_name = "BYTES")]
+    buffer_size: Option<usize>,
+    /// Certificate directory (ca.pem, server.pem, server.key); created with a new CA when empty [default: certs]
+    #[arg(long, value_name = "DIR")]
+    certs: Option<PathBuf>,
+    /// Disconnect a client silent for this many seconds [default: 300]
+    #[arg(long, value_name = "SECONDS")]
+    idle_timeout: Option<u64>,
+    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout)
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Log format: text or json (RUST_LOG sets the level, default info)
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    #[serde(skip)]
+    log_format: LogFormatArg,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct LogFormatArg(LogFormat);
+
+impl std::str::FromStr for LogFormatArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse().map(LogFormatArg)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create or extend the deployment's certificates
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CertsCommand {
+    /// Create a private CA and a server certificate
+    Init {
+        /// Directory to write to (keys are written mode 0600)
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// Server name or IP address the certificate is valid for; repeatable
+        /// [default: localhost, 127.0.0.1, ::1 and every address of this host]
+        #[arg(long = "san", value_name = "NAME")]
+        sans: Vec<String>,
+    },
+    /// Issue a client certificate; NAME is the client's identity (tenant)
+    Client {
+        /// Identity: letters, digits, '-', '_', '.'
+        name: String,
+        /// Directory holding the CA (ca.pem, ca.key)
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+    },
+}
+
+fn load_config(path: &Path) -> Result<Opts> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+fn certs_command(cmd: CertsCommand) -> Result<()> {
+    match cmd {
+        CertsCommand::Init { dir, sans } => {
+            let sans = if sans.is_empty() {
+                certs::default_sans()
+            } else {
+                sans
+            };
+            let made = certs::init(&dir, &sans)?;
+            println!(
+                "CA:     {} (key {})",
+                made.ca.cert.display(),
+                made.ca.key.display()
+            );
+            println!(
+                "server: {} (key {})",
+                made.server.cert.display(),
+                made.server.key.display()
+            );
+            println!("server names: {}", made.sans.join(", "));
+            println!(
+                "next: secure-server certs client NAME --dir {}",
+                dir.display()
+            );
+        }
+        CertsCommand::Client { name, dir } => {
+            let pair = certs::issue_client(&dir, &name)?;
+            println!(
+                "client {name}: {} (key {})",
+                pair.cert.display(),
+                pair.key.display()
+            );
+            println!(
+                "connect with: secure-client HOST --certs {} --name {name}",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    logging::init(cli.opts.log_format.0, "info");
+    let result = match cli.command {
+        Some(Command::Certs(cmd)) => certs_command(cmd),
+        None => serve(cli.opts).await,
+    };
+    if let Err(e) = result {
+        eprintln!("secure-server: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn serve(flags: Opts) -> Result<()> {
+    let file = match &flags.config {
+        Some(path) => load_config(path)?,
+        None => Opts::default(),
+    };
+    let dir = flags
+        .certs
+        .or(file.certs)
+        .unwrap_or_else(|| PathBuf::from("certs"));
+    let ca = certs::ca_paths(&dir);
+    let server = certs::server_paths(&dir);
+    if !ca.cert.exists() && !server.cert.exists() {
+        let made = certs::init(&dir, &certs::default_sans())
+            .with_context(|| format!("creating certificates in {}", dir.display()))?;
+        tracing::info!(
+            dir = %dir.display(),
+            sans = %made.sans.join(","),
+            "no certificates found: created a new CA and server certificate; issue client certificates with `secure-server certs client NAME --dir {}`",
+            dir.display()
+        );
+    } else if !server.cert.exists() || !ca.cert.exists() {
+        bail!(
+            "{} is incomplete: it needs ca.pem, server.pem and server.key",
+            dir.display()
+        );
+    }
+    let config = ServerConfig {
+        listen: flags
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 4433))),
+        max_clients: flags.max_clients.or(file.max_clients).unwrap_or(10),
+        device: flags.device.or(file.device),
+        gid_index: flags.gid_index.or(file.gid_index),
+        buffer_size: flags.buffer_size.or(file.buffer_size).unwrap_or(4096),
+        ca: ca.cert,
+        cert: server.cert,
+        key: server.key,
+        handshake_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(flags.idle_timeout.or(file.idle_timeout).unwrap_or(300)),
+    };
+    let max = config.max_clients;
+    let srv = Server::bind(config).await?;
+    tracing::info!(listen = %srv.local_addr()?, max_clients = max, "secure-server ready");
+    srv.run(shutdown_signal()).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}

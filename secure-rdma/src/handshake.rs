@@ -1,14 +1,26 @@
 //! The connection-setup wire format: length-prefixed JSON frames.
 //!
+//! The sequence, all over the mutually authenticated TLS 1.3 stream:
+//!
+//! 1. client → [`Message::Hello`] (protocol version, capabilities)
+//! 2. server → [`Message::Accept`] or [`Message::Reject`] (server full,
+//!    quota, version); nothing RDMA exists on the server before this.
+//! 3. both → [`Message::Endpoint`] (GID, QPN, PSN, MTU, buffer)
+//! 4. both bring their QP to RTS, then → [`Message::Ready`]
+//! 5. both SEND their confirmation token as the first RDMA message; each
+//!    checks the peer's and answers [`Message::Confirmed`]. Only then is the
+//!    connection established.
+//! 6. afterwards: [`Message::Ack`] for every operation the server saw land,
+//!    and [`Message::Bye`] to close.
+//!
 //! A frame is a 4-byte big-endian length followed by that many bytes of
-//! UTF-8 JSON. Frames above [`MAX_FRAME`] are refused before any allocation,
+//! UTF-8 JSON ([`tokio_util::codec::LengthDelimitedCodec`]). Frames above [`MAX_FRAME`] are refused before any allocation,
 //! so a peer cannot make us buffer gigabytes by announcing a huge length.
 
 use std::net::IpAddr;
 
-use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::psn::{Psn, Qpn};
 use crate::verbs::{Gid, PathMtu, RemoteBuffer};
@@ -94,80 +106,205 @@ impl Endpoint {
     }
 }
 
-/// Encodes `msg` as one frame.
-pub fn encode<T: Serialize>(msg: &T) -> Result<BytesMut, HandshakeError> {
-    let body = serde_json::to_vec(msg).map_err(|e| HandshakeError::Malformed(e.to_string()))?;
-    if body.len() > MAX_FRAME {
-        return Err(HandshakeError::TooLarge(body.len()));
-    }
-    let mut out = BytesMut::with_capacity(4 + body.len());
-    out.put_u32(body.len() as u32);
-    out.put_slice(&body);
-    Ok(out)
+/// Version of this protocol; a peer with another version is rejected.
+pub const VERSION: u32 = 1;
+
+/// Capabilities this implementation offers in its hello.
+pub const CAPABILITIES: [&str; 3] = ["send", "write-with-imm", "confirm-token"];
+
+/// Why the server refused a client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RejectReason {
+    /// Every client slot is taken.
+    ServerFull {
+        /// Clients connected.
+        active: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A quota of this identity or of the server would be exceeded.
+    Quota {
+        /// Which limit, in the quota file's words.
+        detail: String,
+    },
+    /// The client speaks another protocol version.
+    Version {
+        /// The server's version.
+        server: u32,
+        /// The client's version.
+        client: u32,
+    },
+    /// The server is shutting down.
+    ShuttingDown,
+    /// The server cannot serve RDMA for this connection (no device or GID
+    /// for the address the client reached it on).
+    Unavailable {
+        /// What is missing.
+        detail: String,
+    },
 }
 
-/// Decodes one frame from the front of `buf`, if a whole one is there.
-pub fn decode<T: DeserializeOwned>(buf: &mut BytesMut) -> Result<Option<T>, HandshakeError> {
-    if buf.len() < 4 {
-        return Ok(None);
-    }
-    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    if len > MAX_FRAME {
-        return Err(HandshakeError::TooLarge(len));
-    }
-    if buf.len() < 4 + len {
-        return Ok(None);
-    }
-    buf.advance(4);
-    let body = buf.split_to(len);
-    serde_json::from_slice(&body)
-        .map(Some)
-        .map_err(|e| HandshakeError::Malformed(e.to_string()))
-}
-
-/// Writes one frame.
-pub async fn write_frame<W, T>(w: &mut W, msg: &T) -> Result<(), HandshakeError>
-where
-    W: AsyncWrite + Unpin,
-    T: Serialize,
-{
-    w.write_all(&encode(msg)?).await?;
-    w.flush().await?;
-    Ok(())
-}
-
-/// Reads one frame, refusing oversized ones before reading their body.
-pub async fn read_frame<R, T>(r: &mut R) -> Result<T, HandshakeError>
-where
-    R: AsyncRead + Unpin,
-    T: DeserializeOwned,
-{
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(HandshakeError::Closed)
+impl std::fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RejectReason::ServerFull { active, max } => write!(f, "server full ({active}/{max})"),
+            RejectReason::Quota { detail } => write!(f, "quota exceeded: {detail}"),
+            RejectReason::Version { server, client } => write!(
+                f,
+                "protocol version mismatch (server {server}, client {client})"
+            ),
+            RejectReason::ShuttingDown => f.write_str("server is shutting down"),
+            RejectReason::Unavailable { detail } => write!(f, "server cannot serve RDMA: {detail}"),
         }
-        Err(e) => return Err(e.into()),
     }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(HandshakeError::TooLarge(len));
+}
+
+/// An operation the server acknowledges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// An RDMA SEND arrived.
+    Send,
+    /// An RDMA WRITE landed (signalled by WRITE WITH IMMEDIATE).
+    Write,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Send => "send",
+            Op::Write => "write",
+        })
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).await.map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            HandshakeError::Closed
-        } else {
-            e.into()
+}
+
+/// Every message of the control channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    /// Client's opening message.
+    Hello {
+        /// Protocol version, [`VERSION`].
+        version: u32,
+        /// Features the client supports.
+        capabilities: Vec<String>,
+    },
+    /// The server admits the client.
+    Accept {
+        /// The largest message or write the server takes, in bytes.
+        buffer_size: u32,
+        /// The identity the server authenticated.
+        identity: String,
+    },
+    /// The server refuses the client.
+    Reject {
+        /// Why.
+        reason: RejectReason,
+    },
+    /// Connection parameters of one side.
+    Endpoint {
+        /// The endpoint.
+        endpoint: Endpoint,
+    },
+    /// This side's QP is in RTS.
+    Ready,
+    /// This side received the peer's correct confirmation token over RDMA.
+    Confirmed,
+    /// The server saw an operation land.
+    Ack {
+        /// What landed.
+        op: Op,
+        /// 1 for the first operation of the connection, then 2, 3, …
+        seq: u64,
+        /// Bytes that arrived.
+        bytes: u32,
+    },
+    /// Orderly close.
+    Bye,
+}
+
+impl Message {
+    /// A short name for "unexpected message" errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "hello",
+            Message::Accept { .. } => "accept",
+            Message::Reject { .. } => "reject",
+            Message::Endpoint { .. } => "endpoint",
+            Message::Ready => "ready",
+            Message::Confirmed => "confirmed",
+            Message::Ack { .. } => "ack",
+            Message::Bye => "bye",
         }
-    })?;
-    serde_json::from_slice(&body).map_err(|e| HandshakeError::Malformed(e.to_string()))
+    }
+}
+
+/// A framed control channel over any byte stream (a TLS stream in the
+/// product). Receiving is cancel-safe, so it can sit in a `select!` next to a
+/// completion queue.
+pub struct Channel<S> {
+    framed: tokio_util::codec::Framed<S, tokio_util::codec::LengthDelimitedCodec>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
+    /// Wraps a stream: 4-byte big-endian lengths, at most [`MAX_FRAME`].
+    pub fn new(stream: S) -> Self {
+        let codec = tokio_util::codec::LengthDelimitedCodec::builder()
+            .length_field_length(4)
+            .max_frame_length(MAX_FRAME)
+            .new_codec();
+        Channel {
+            framed: tokio_util::codec::Framed::new(stream, codec),
+        }
+    }
+
+    /// Sends one message (any serde type; the product sends [`Message`]s).
+    pub async fn send<T: Serialize + ?Sized>(&mut self, msg: &T) -> Result<(), HandshakeError> {
+        use futures_util::SinkExt;
+        let body = serde_json::to_vec(msg).map_err(|e| HandshakeError::Malformed(e.to_string()))?;
+        if body.len() > MAX_FRAME {
+            return Err(HandshakeError::TooLarge(body.len()));
+        }
+        self.framed.send(bytes::Bytes::from(body)).await?;
+        Ok(())
+    }
+
+    /// Receives one message; [`HandshakeError::Closed`] at end of stream.
+    pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<T, HandshakeError> {
+        use futures_util::StreamExt;
+        match self.framed.next().await {
+            None => Err(HandshakeError::Closed),
+            Some(Err(e))
+                if e.get_ref().is_some_and(|inner| {
+                    inner.is::<tokio_util::codec::LengthDelimitedCodecError>()
+                }) =>
+            {
+                Err(HandshakeError::TooLarge(MAX_FRAME + 1))
+            }
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(frame)) => {
+                serde_json::from_slice(&frame).map_err(|e| HandshakeError::Malformed(e.to_string()))
+            }
+        }
+    }
+
+    /// The underlying stream (e.g. to read TLS session data).
+    pub fn get_ref(&self) -> &S {
+        self.framed.get_ref()
+    }
+
+    /// Flushes and shuts the stream down.
+    pub async fn close(&mut self) {
+        use futures_util::SinkExt;
+        let _ = SinkExt::<bytes::Bytes>::close(&mut self.framed).await;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     fn endpoint() -> Endpoint {
         Endpoint {
@@ -183,52 +320,100 @@ mod tests {
         }
     }
 
-    #[test]
-    fn frame_round_trip_and_partial_input() {
-        let ep = endpoint();
-        let frame = encode(&ep).unwrap();
-        let mut partial = BytesMut::from(&frame[..frame.len() - 1]);
-        assert!(decode::<Endpoint>(&mut partial).unwrap().is_none());
-        let mut whole = frame.clone();
-        whole.extend_from_slice(&frame);
-        assert_eq!(decode::<Endpoint>(&mut whole).unwrap(), Some(ep));
-        assert_eq!(decode::<Endpoint>(&mut whole).unwrap(), Some(ep));
-        assert!(whole.is_empty());
-    }
-
-    #[test]
-    fn oversized_frame_is_refused_from_its_header() {
-        let mut buf = BytesMut::new();
-        buf.put_u32(MAX_FRAME as u32 + 1);
+    #[tokio::test]
+    async fn channel_round_trip_and_limits() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let (mut a, mut b) = (Channel::new(a), Channel::new(b));
+        let hello = Message::Hello {
+            version: VERSION,
+            capabilities: vec!["send".into()],
+        };
+        a.send(&hello).await.unwrap();
+        a.send(&Message::Endpoint {
+            endpoint: endpoint(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(b.recv::<Message>().await.unwrap(), hello);
+        assert_eq!(
+            b.recv::<Message>().await.unwrap(),
+            Message::Endpoint {
+                endpoint: endpoint()
+            }
+        );
+        // a frame over the limit is refused from its header
+        let (raw, c) = tokio::io::duplex(1 << 20);
+        let mut c = Channel::new(c);
+        let mut raw = raw;
+        raw.write_all(&(MAX_FRAME as u32 + 1).to_be_bytes())
+            .await
+            .unwrap();
         assert!(matches!(
-            decode::<Endpoint>(&mut buf),
-            Err(HandshakeError::TooLarge(n)) if n == MAX_FRAME + 1
+            c.recv::<Message>().await,
+            Err(HandshakeError::TooLarge(_))
+        ));
+        // end of stream is Closed
+        drop(a);
+        assert!(matches!(
+            b.recv::<Message>().await,
+            Err(HandshakeError::Closed)
         ));
     }
 
     #[test]
-    fn out_of_range_fields_are_refused() {
+    fn reject_reasons_read_well() {
+        assert_eq!(
+            RejectReason::ServerFull {
+                active: 10,
+                max: 10
+            }
+            .to_string(),
+            "server full (10/10)"
+        );
+        let json = serde_json::to_string(&Message::Reject {
+            reason: RejectReason::ServerFull {
+                active: 10,
+                max: 10,
+            },
+        })
+        .unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"reject","reason":{"kind":"server_full","active":10,"max":10}}"#
+        );
+    }
+
+    async fn decode_raw(json: &str) -> Result<Endpoint, HandshakeError> {
+        let (mut raw, c) = tokio::io::duplex(1 << 16);
+        raw.write_all(&(json.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        raw.write_all(json.as_bytes()).await.unwrap();
+        Channel::new(c).recv::<Endpoint>().await
+    }
+
+    #[tokio::test]
+    async fn out_of_range_fields_are_refused() {
         let json = serde_json::to_string(&endpoint()).unwrap();
+        assert_eq!(decode_raw(&json).await.unwrap(), endpoint());
         for (from, to) in [
-            ("11259375", "16777216"),            // psn 2^24
-            ("\"qpn\":17", "\"qpn\":16777216"),   // qpn 2^24
-            ("\"mtu\":1024", "\"mtu\":1500"),     // not an IB MTU
-            ("::ffff:10.77.0.1", "not-a-gid"),   // GID syntax
+            ("11259375", "16777216"),           // psn 2^24
+            ("\"qpn\":17", "\"qpn\":16777216"), // qpn 2^24
+            ("\"mtu\":1024", "\"mtu\":1500"),   // not an IB MTU
+            ("::ffff:10.77.0.1", "not-a-gid"),  // GID syntax
+            ("\"rkey\":4660", "\"rkey\":-1"),   // rkey is a u32
         ] {
             let bad = json.replace(from, to);
             assert_ne!(bad, json, "{from} not found in {json}");
-            let mut buf = encode(&serde_json::from_str::<serde_json::Value>(&bad).unwrap()).unwrap();
-            let err = decode::<Endpoint>(&mut buf).unwrap_err();
+            let err = decode_raw(&bad).await.unwrap_err();
             assert!(matches!(err, HandshakeError::Malformed(_)), "{err}");
         }
-    }
-
-    #[test]
-    fn unknown_fields_are_refused() {
         let mut v = serde_json::to_value(endpoint()).unwrap();
         v["extra"] = serde_json::json!(1);
-        let mut buf = encode(&v).unwrap();
-        assert!(decode::<Endpoint>(&mut buf).is_err());
+        assert!(
+            decode_raw(&v.to_string()).await.is_err(),
+            "unknown field accepted"
+        );
     }
 
     #[test]

@@ -13,6 +13,12 @@
 
 #![warn(missing_docs)]
 
+pub mod certs;
+pub mod client;
 pub mod handshake;
+pub mod logging;
 pub mod psn;
+pub mod server;
+pub mod session;
+pub mod tls;
 pub mod verbs;

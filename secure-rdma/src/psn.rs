@@ -173,7 +173,10 @@ mod tests {
     #[test]
     fn serde_rejects_out_of_range() {
         assert!(serde_json::from_str::<Psn>("16777216").is_err());
-        assert_eq!(serde_json::from_str::<Psn>("16777215").unwrap().get(), 0xffffff);
+        assert_eq!(
+            serde_json::from_str::<Psn>("16777215").unwrap().get(),
+            0xffffff
+        );
         assert!(serde_json::from_str::<Qpn>("4294967295").is_err());
     }
 

@@ -6,6 +6,8 @@
 //! script runs them in the VM with `--include-ignored`. Inside, a missing lab
 //! is a test failure, never a skip.
 
+pub mod secure;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -68,8 +70,19 @@ pub fn spawn(cmd: &mut Command) -> Child {
         .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"))
 }
 
-/// Resource lines of `rdma resource show <kind>` that belong to `pid`.
+/// Resource lines of `rdma resource show <kind>` that belong to process
+/// `pid`. The kernel records the *thread* that created a resource, so the
+/// threads of a multi-threaded process (tokio workers) count as well.
 pub fn rdma_resources_of(pid: u32) -> Vec<String> {
+    let mut ids = vec![pid.to_string()];
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        ids.extend(
+            tasks
+                .flatten()
+                .map(|t| t.file_name().to_string_lossy().into_owned()),
+        );
+    }
+    let needles: Vec<String> = ids.iter().map(|id| format!(" pid {id} ")).collect();
     let mut found = Vec::new();
     for kind in ["qp", "cq", "mr", "pd"] {
         let out = Command::new("rdma")
@@ -82,10 +95,12 @@ pub fn rdma_resources_of(pid: u32) -> Vec<String> {
             String::from_utf8_lossy(&out.stderr)
         );
         let text = String::from_utf8_lossy(&out.stdout);
-        let needle = format!(" pid {pid} ");
         found.extend(
             text.lines()
-                .filter(|l| format!("{l} ").contains(&needle))
+                .filter(|l| {
+                    let l = format!("{l} ");
+                    needles.iter().any(|n| l.contains(n.as_str()))
+                })
                 .map(|l| format!("{kind}: {l}")),
         );
     }

@@ -29,7 +29,14 @@ fn exchange(port: u16, server_args: &[&str], client_args: &[&str]) -> Run {
     );
     let client = spawn(
         Command::new(EXCHANGE)
-            .args(["--role", "client", "--device", "rxe-b", "--connect", &listen])
+            .args([
+                "--role",
+                "client",
+                "--device",
+                "rxe-b",
+                "--connect",
+                &listen,
+            ])
             .args(client_args),
     );
     let client = wait_with_deadline(client, DEADLINE, "verbs-exchange client");
@@ -94,8 +101,14 @@ fn query_qp_reads_back_the_psns_and_qpn_that_were_set() {
         let q = &me["queried"];
         assert_eq!(q["state"], "RTS");
         assert_eq!(q["sq_psn"], me["local"]["psn"], "sq_psn is our PSN");
-        assert_eq!(q["rq_psn"], peer["local"]["psn"], "rq_psn is the peer's PSN");
-        assert_eq!(q["dest_qpn"], peer["local"]["qpn"], "dest QPN is the peer's QPN");
+        assert_eq!(
+            q["rq_psn"], peer["local"]["psn"],
+            "rq_psn is the peer's PSN"
+        );
+        assert_eq!(
+            q["dest_qpn"], peer["local"]["qpn"],
+            "dest QPN is the peer's QPN"
+        );
         assert_eq!(me["remote"]["psn"], peer["local"]["psn"]);
         let psn = me["local"]["psn"].as_u64().expect("psn");
         assert!(psn < 1 << 24);
@@ -110,22 +123,29 @@ fn query_qp_reads_back_the_psns_and_qpn_that_were_set() {
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn wrong_psn_fails_with_a_timeout_error_not_a_hang() {
     let started = std::time::Instant::now();
-    let run = exchange(18603, &["--timeout", "3"], &["--wrong-psn", "--timeout", "3"]);
+    let run = exchange(
+        18603,
+        &["--timeout", "3"],
+        &["--wrong-psn", "--timeout", "3"],
+    );
     let elapsed = started.elapsed();
     let server_err = String::from_utf8_lossy(&run.server.stderr);
     let client_err = String::from_utf8_lossy(&run.client.stderr);
-    assert!(!run.server.status.success(), "server succeeded despite the wrong PSN");
-    assert!(!run.client.status.success(), "client succeeded despite the wrong PSN");
+    assert!(
+        !run.server.status.success(),
+        "server succeeded despite the wrong PSN"
+    );
+    assert!(
+        !run.client.status.success(),
+        "client succeeded despite the wrong PSN"
+    );
     // The server's receive PSN does not match what the client sends: the
     // client's SEND is dropped silently and the server times out.
     assert!(
         server_err.contains("timed out after 3s waiting for the peer's SEND to arrive"),
         "server stderr: {server_err}"
     );
-    assert!(
-        client_err.contains("error:"),
-        "client stderr: {client_err}"
-    );
+    assert!(client_err.contains("error:"), "client stderr: {client_err}");
     assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
 }
 
@@ -146,7 +166,14 @@ fn no_qp_mr_cq_or_pd_is_left_after_both_processes_exit() {
     require_lab();
     let listen = format!("{ADDR_A}:18605");
     let server = spawn(Command::new(EXCHANGE).args([
-        "--role", "server", "--device", "rxe-a", "--listen", &listen, "--timeout", "2",
+        "--role",
+        "server",
+        "--device",
+        "rxe-a",
+        "--listen",
+        &listen,
+        "--timeout",
+        "2",
     ]));
     let pid = server.id();
     // The server opens its resources only after a peer connects; connect and
@@ -162,7 +189,10 @@ fn no_qp_mr_cq_or_pd_is_left_after_both_processes_exit() {
                 if let Ok(s) = std::net::TcpStream::connect(&listen) {
                     break s;
                 }
-                assert!(std::time::Instant::now() < deadline, "server never listened");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "server never listened"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -176,7 +206,10 @@ fn no_qp_mr_cq_or_pd_is_left_after_both_processes_exit() {
     }
     let kinds: Vec<&str> = seen.iter().filter_map(|l| l.split(':').next()).collect();
     for k in ["qp", "cq", "mr", "pd"] {
-        assert!(kinds.contains(&k), "no {k} listed for live pid {pid}: {seen:#?}");
+        assert!(
+            kinds.contains(&k),
+            "no {k} listed for live pid {pid}: {seen:#?}"
+        );
     }
     drop(_sock);
     let out = wait_with_deadline(server, DEADLINE, "server with a silent peer");

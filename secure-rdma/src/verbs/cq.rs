@@ -59,7 +59,10 @@ impl WcStatus {
             "tag matching error",
             "tag matching rendezvous incomplete",
         ];
-        NAMES.get(self.0 as usize).copied().unwrap_or("unknown status")
+        NAMES
+            .get(self.0 as usize)
+            .copied()
+            .unwrap_or("unknown status")
     }
 }
 
@@ -232,7 +235,9 @@ impl CompletionQueue {
                         });
                     }
                 }
-                Err(sideway::ibverbs::completion::PollCompletionQueueError::CompletionQueueEmpty) => {}
+                Err(
+                    sideway::ibverbs::completion::PollCompletionQueueError::CompletionQueueEmpty,
+                ) => {}
                 Err(e) => return Err(VerbsError::verb("ibv_poll_cq", &self.device, e)),
             }
         }
@@ -323,7 +328,11 @@ impl CompletionQueue {
             // SAFETY: the channel outlives this call; the fd is non-blocking so
             // this returns -1 (EAGAIN) once no event is left.
             let rc = unsafe {
-                rdma_mummy_sys::ibv_get_cq_event(self.channel.comp_channel().as_ptr(), &mut cq, &mut ctx)
+                rdma_mummy_sys::ibv_get_cq_event(
+                    self.channel.comp_channel().as_ptr(),
+                    &mut cq,
+                    &mut ctx,
+                )
             };
             if rc != 0 || cq.is_null() {
                 return;

@@ -198,7 +198,9 @@ impl std::fmt::Debug for ProtectionDomain {
 }
 
 /// Path MTU of an RC connection (payload bytes per packet).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(try_from = "u32", into = "u32")]
 pub enum PathMtu {
     /// 256 bytes.

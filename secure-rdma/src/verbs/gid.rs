@@ -279,18 +279,24 @@ mod tests {
         let t = lab_table();
         let ip: IpAddr = "10.77.0.1".parse().unwrap();
         assert_eq!(
-            select_gid("rxe-a", &t, &GidSelector::Address(ip)).unwrap().index,
+            select_gid("rxe-a", &t, &GidSelector::Address(ip))
+                .unwrap()
+                .index,
             1
         );
         let ip: IpAddr = "192.168.1.5".parse().unwrap();
         // index 5 is the RoCEv1 twin of the same address: must be skipped
         assert_eq!(
-            select_gid("rxe-a", &t, &GidSelector::Address(ip)).unwrap().index,
+            select_gid("rxe-a", &t, &GidSelector::Address(ip))
+                .unwrap()
+                .index,
             6
         );
         let ip6: IpAddr = "fd00::1".parse().unwrap();
         assert_eq!(
-            select_gid("rxe-a", &t, &GidSelector::Address(ip6)).unwrap().index,
+            select_gid("rxe-a", &t, &GidSelector::Address(ip6))
+                .unwrap()
+                .index,
             3
         );
     }
@@ -314,7 +320,9 @@ mod tests {
     fn explicit_index_must_exist_and_not_be_empty() {
         let t = lab_table();
         assert_eq!(
-            select_gid("rxe-a", &t, &GidSelector::Index(2)).unwrap().kind,
+            select_gid("rxe-a", &t, &GidSelector::Index(2))
+                .unwrap()
+                .kind,
             GidKind::RoceV1
         );
         assert!(select_gid("rxe-a", &t, &GidSelector::Index(4)).is_err());
@@ -365,10 +373,7 @@ mod tests {
         let g: Gid = "::ffff:10.77.0.2".parse().unwrap();
         assert_eq!(g.ip(), "10.77.0.2".parse::<IpAddr>().unwrap());
         assert!("10.77.0.2.".parse::<Gid>().is_err());
-        assert_eq!(
-            serde_json::to_string(&g).unwrap(),
-            "\"::ffff:10.77.0.2\""
-        );
+        assert_eq!(serde_json::to_string(&g).unwrap(), "\"::ffff:10.77.0.2\"");
         assert!(serde_json::from_str::<Gid>("\"nonsense\"").is_err());
     }
 }

@@ -256,7 +256,10 @@ impl QueuePair<Init> {
     /// INIT → RTR: binds the queue pair to its peer.
     pub fn into_rtr(mut self, p: RtrParams) -> Result<QueuePair<Rtr>, VerbsError> {
         let sgid_index = u8::try_from(self.sgid.index).map_err(|_| {
-            VerbsError::Invalid(format!("GID index {} does not fit in 8 bits", self.sgid.index))
+            VerbsError::Invalid(format!(
+                "GID index {} does not fit in 8 bits",
+                self.sgid.index
+            ))
         })?;
         let mut av = AddressHandleAttribute::new();
         av.setup_dest_lid(0)
@@ -408,7 +411,13 @@ impl<S: CanRecv> QueuePair<S> {
         let mut guard = self.qp.start_post_recv();
         let wr = guard.construct_wr(wr_id);
         // SAFETY: range checked against the region, which the QP keeps alive.
-        unsafe { wr.setup_sge(mr.lkey(), mr.addr() + range.start as u64, range.len() as u32) };
+        unsafe {
+            wr.setup_sge(
+                mr.lkey(),
+                mr.addr() + range.start as u64,
+                range.len() as u32,
+            )
+        };
         guard
             .post()
             .map_err(|e| VerbsError::verb("ibv_post_recv", self.pd.device().name(), e))
@@ -470,7 +479,11 @@ impl QueuePair<Rts> {
         op: SendOp,
     ) -> Result<(), VerbsError> {
         self.pin(mr, &range)?;
-        let (lkey, addr, len) = (mr.lkey(), mr.addr() + range.start as u64, range.len() as u32);
+        let (lkey, addr, len) = (
+            mr.lkey(),
+            mr.addr() + range.start as u64,
+            range.len() as u32,
+        );
         let mut guard = self.qp.start_post_send();
         let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
         let buf = match op {

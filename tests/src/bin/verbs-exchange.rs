@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use secure_rdma::handshake::{read_frame, write_frame, Endpoint};
+use secure_rdma::handshake::{Channel, Endpoint};
 use secure_rdma::psn::Psn;
 use secure_rdma::verbs::{
     CompletionQueue, Device, GidSelector, MemoryRegion, MrAccess, QpCaps, QueuePair, RtrParams,
@@ -75,8 +75,7 @@ async fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let args = Args::parse();
@@ -98,7 +97,9 @@ async fn connect(args: &Args) -> Result<TcpStream> {
             Ok(stream)
         }
         Role::Client => {
-            let addr = args.connect.context("--connect ADDR is required for the client")?;
+            let addr = args
+                .connect
+                .context("--connect ADDR is required for the client")?;
             let deadline = tokio::time::Instant::now() + Duration::from_secs(args.connect_timeout);
             loop {
                 match TcpStream::connect(addr).await {
@@ -119,8 +120,9 @@ async fn run(args: Args) -> Result<()> {
     if args.write_size < MSG_LEN {
         bail!("--write-size must be at least {MSG_LEN} bytes");
     }
-    let mut sock = connect(&args).await?;
-    let local_ip = sock.local_addr()?.ip();
+    let tcp = connect(&args).await?;
+    let local_ip = tcp.local_addr()?.ip();
+    let mut sock = Channel::new(tcp);
 
     let selector = match args.gid_index {
         Some(i) => GidSelector::Index(i),
@@ -168,8 +170,8 @@ async fn run(args: Args) -> Result<()> {
         mtu: device.active_mtu()?,
         buffer: data_mr.remote(),
     };
-    write_frame(&mut sock, &local).await?;
-    let remote: Endpoint = read_frame(&mut sock).await?;
+    sock.send(&local).await?;
+    let remote: Endpoint = sock.recv().await?;
     remote.validate()?;
     let mtu = local.mtu.min(remote.mtu);
 
@@ -184,8 +186,8 @@ async fn run(args: Args) -> Result<()> {
     tracing::info!(qpn = %qp.qpn(), peer_qpn = %remote.qpn, %mtu, "QP in RTS");
 
     // Both sides in RTS before anyone sends.
-    write_frame(&mut sock, &"ready").await?;
-    let _: String = read_frame(&mut sock).await?;
+    sock.send(&"ready").await?;
+    let _: String = sock.recv().await?;
 
     let role = match args.role {
         Role::Server => "server",
@@ -221,12 +223,22 @@ async fn run(args: Args) -> Result<()> {
             data_mr.write(0, &data)?;
             let tail = args.write_size - MSG_LEN;
             qp.post_write(20, &data_mr, 0..tail, &remote.buffer, 0)?;
-            send_cq.next_ok("the RDMA WRITE to complete", timeout).await?;
-            qp.post_write_imm(21, &data_mr, tail..args.write_size, &remote.buffer, tail as u64, IMM)?;
+            send_cq
+                .next_ok("the RDMA WRITE to complete", timeout)
+                .await?;
+            qp.post_write_imm(
+                21,
+                &data_mr,
+                tail..args.write_size,
+                &remote.buffer,
+                tail as u64,
+                IMM,
+            )?;
             send_cq
                 .next_ok("the RDMA WRITE WITH IMMEDIATE to complete", timeout)
                 .await?;
-            let verdict: serde_json::Value = read_frame(&mut sock)
+            let verdict: serde_json::Value = sock
+                .recv()
                 .await
                 .context("waiting for the server's verdict")?;
             report["server_verdict"] = verdict.clone();
@@ -242,19 +254,27 @@ async fn run(args: Args) -> Result<()> {
                 bail!("expected a WRITE WITH IMMEDIATE, got {}", wc.opcode);
             }
             let data = data_mr.read(0, args.write_size)?;
-            let bad = data.iter().enumerate().filter(|(i, b)| **b != pattern(*i)).count();
+            let bad = data
+                .iter()
+                .enumerate()
+                .filter(|(i, b)| **b != pattern(*i))
+                .count();
             let verdict = json!({
                 "imm": wc.imm_data,
                 "write_bytes": data.len(),
                 "bad_bytes": bad,
                 "write_verified": bad == 0 && wc.imm_data == Some(IMM),
             });
-            write_frame(&mut sock, &verdict).await?;
+            sock.send(&verdict).await?;
             report["verdict"] = verdict.clone();
             if verdict["write_verified"] != true {
                 bail!("RDMA WRITE check failed: {verdict}");
             }
-            tracing::info!(bytes = data.len(), imm = format!("{IMM:#x}"), "RDMA WRITE verified");
+            tracing::info!(
+                bytes = data.len(),
+                imm = format!("{IMM:#x}"),
+                "RDMA WRITE verified"
+            );
         }
     }
     println!("{report}");

@@ -1,0 +1,352 @@
+//! A small private PKI for a deployment: one CA, a server certificate, and a
+//! certificate per client whose name is the client's identity (its tenant).
+//!
+//! Layout of a certificate directory:
+//!
+//! | file | what |
+//! |---|---|
+//! | `ca.pem`, `ca.key` | the CA certificate and its key |
+//! | `server.pem`, `server.key` | the server certificate (SANs: names and addresses) |
+//! | `NAME.pem`, `NAME.key` | the client certificate of `NAME` |
+//!
+//! Keys are written with mode 0600 and never overwritten by accident.
+
+use std::fs;
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+/// Errors of certificate creation.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A file that would be overwritten exists.
+    #[error("{0} already exists; remove it first or use another --dir")]
+    Exists(PathBuf),
+    /// The CA is missing (run `certs init` first).
+    #[error("no CA in {0}: run `secure-server certs init --dir {0}` first")]
+    NoCa(PathBuf),
+    /// A client name cannot be used as a file name and identity.
+    #[error("invalid client name {0:?}: use 1-64 characters from a-z, A-Z, 0-9, '-', '_', '.' (not starting with '.')")]
+    BadName(String),
+    /// rcgen failed.
+    #[error("certificate generation failed: {0}")]
+    Rcgen(#[from] rcgen::Error),
+}
+
+/// Names that may not be used for a client: they would overwrite the CA or
+/// server files.
+const RESERVED: [&str; 2] = ["ca", "server"];
+
+/// Checks a client name: it becomes a file name and the identity in logs.
+pub fn validate_name(name: &str) -> Result<(), CertError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && !RESERVED.contains(&name)
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(CertError::BadName(name.to_owned()))
+    }
+}
+
+/// Paths of one identity's certificate and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pair {
+    /// Certificate (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM, mode 0600).
+    pub key: PathBuf,
+}
+
+impl Pair {
+    fn in_dir(dir: &Path, stem: &str) -> Self {
+        Pair {
+            cert: dir.join(format!("{stem}.pem")),
+            key: dir.join(format!("{stem}.key")),
+        }
+    }
+}
+
+/// The CA files in `dir`.
+pub fn ca_paths(dir: &Path) -> Pair {
+    Pair::in_dir(dir, "ca")
+}
+
+/// The server files in `dir`.
+pub fn server_paths(dir: &Path) -> Pair {
+    Pair::in_dir(dir, "server")
+}
+
+/// The files of client `name` in `dir`.
+pub fn client_paths(dir: &Path, name: &str) -> Pair {
+    Pair::in_dir(dir, name)
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CertError + '_ {
+    move |source| CertError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), CertError> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                CertError::Exists(path.to_owned())
+            } else {
+                CertError::Io {
+                    path: path.to_owned(),
+                    source: e,
+                }
+            }
+        })?;
+    f.write_all(contents.as_bytes()).map_err(io(path))
+}
+
+fn write_pair(pair: &Pair, cert_pem: &str, key: &KeyPair) -> Result<(), CertError> {
+    for p in [&pair.cert, &pair.key] {
+        if p.exists() {
+            return Err(CertError::Exists(p.clone()));
+        }
+    }
+    write_new(&pair.key, &key.serialize_pem(), 0o600)?;
+    write_new(&pair.cert, cert_pem, 0o644)
+}
+
+fn leaf_params(cn: &str, sans: Vec<SanType>, eku: ExtendedKeyUsagePurpose) -> CertificateParams {
+    let mut p = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    dn.push(DnType::OrganizationName, "secure-rdma");
+    p.distinguished_name = dn;
+    p.subject_alt_names = sans;
+    p.is_ca = IsCa::ExplicitNoCa;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![eku];
+    let now = OffsetDateTime::now_utc();
+    p.not_before = now - Duration::hours(1);
+    p.not_after = now + Duration::days(365);
+    p
+}
+
+fn san(name: &str) -> Result<SanType, CertError> {
+    Ok(match name.parse::<IpAddr>() {
+        Ok(ip) => SanType::IpAddress(ip),
+        Err(_) => SanType::DnsName(name.try_into()?),
+    })
+}
+
+/// What [`init`] created.
+#[derive(Debug)]
+pub struct Created {
+    /// The CA files.
+    pub ca: Pair,
+    /// The server files.
+    pub server: Pair,
+    /// The server certificate's subject alternative names.
+    pub sans: Vec<String>,
+}
+
+/// Creates a CA and a server certificate valid for `sans` (DNS names or IP
+/// addresses) in `dir`, refusing to overwrite existing files.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let made = secure_rdma::certs::init(dir.path(), &["localhost".into(), "10.77.0.1".into()]).unwrap();
+/// assert!(made.ca.cert.exists() && made.server.key.exists());
+/// ```
+pub fn init(dir: &Path, sans: &[String]) -> Result<Created, CertError> {
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    let ca = ca_paths(dir);
+    let server = server_paths(dir);
+    for p in [&ca.cert, &ca.key, &server.cert, &server.key] {
+        if p.exists() {
+            return Err(CertError::Exists(p.clone()));
+        }
+    }
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "secure-rdma CA");
+    dn.push(DnType::OrganizationName, "secure-rdma");
+    ca_params.distinguished_name = dn;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let now = OffsetDateTime::now_utc();
+    ca_params.not_before = now - Duration::hours(1);
+    ca_params.not_after = now + Duration::days(3650);
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, &ca_key);
+
+    let san_types = sans.iter().map(|s| san(s)).collect::<Result<Vec<_>, _>>()?;
+    let server_key = KeyPair::generate()?;
+    let server_cert = leaf_params(
+        "secure-rdma server",
+        san_types,
+        ExtendedKeyUsagePurpose::ServerAuth,
+    )
+    .signed_by(&server_key, &issuer)?;
+
+    write_pair(&ca, &ca_cert.pem(), &ca_key)?;
+    write_pair(&server, &server_cert.pem(), &server_key)?;
+    Ok(Created {
+        ca,
+        server,
+        sans: sans.to_vec(),
+    })
+}
+
+/// Issues a client certificate for `name` (its identity) signed by the CA in
+/// `dir`.
+pub fn issue_client(dir: &Path, name: &str) -> Result<Pair, CertError> {
+    validate_name(name)?;
+    let ca = ca_paths(dir);
+    if !ca.cert.exists() || !ca.key.exists() {
+        return Err(CertError::NoCa(dir.to_owned()));
+    }
+    let ca_key_pem = fs::read_to_string(&ca.key).map_err(io(&ca.key))?;
+    let ca_cert_pem = fs::read_to_string(&ca.cert).map_err(io(&ca.cert))?;
+    let ca_key = KeyPair::from_pem(&ca_key_pem)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_cert_pem, &ca_key)?;
+    let key = KeyPair::generate()?;
+    let cert = leaf_params(name, vec![san(name)?], ExtendedKeyUsagePurpose::ClientAuth)
+        .signed_by(&key, &issuer)?;
+    let pair = client_paths(dir, name);
+    write_pair(&pair, &cert.pem(), &key)?;
+    Ok(pair)
+}
+
+/// Default SANs of a server certificate: `localhost`, the loopback
+/// addresses and every address configured on this host.
+pub fn default_sans() -> Vec<String> {
+    let mut sans = vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+    ];
+    for ip in host_addresses() {
+        let s = ip.to_string();
+        if !sans.contains(&s) {
+            sans.push(s);
+        }
+    }
+    sans
+}
+
+/// The unicast addresses configured on this host's interfaces.
+pub fn host_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a linked list we free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return out;
+    }
+    let mut cur = ifap;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list returned by getifaddrs.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points to a sockaddr of the family it names.
+            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.push(IpAddr::from(
+                    u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                ));
+            } else if family == libc::AF_INET6 {
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                // Link-local addresses need a scope and are useless as SANs.
+                if ip.segments()[0] & 0xffc0 != 0xfe80 {
+                    out.push(IpAddr::V6(ip));
+                }
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: allocated by getifaddrs above.
+    unsafe { libc::freeifaddrs(ifap) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn init_then_issue_writes_private_keys_0600_and_refuses_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = init(dir.path(), &["localhost".into(), "10.77.0.1".into()]).unwrap();
+        let alice = issue_client(dir.path(), "alice").unwrap();
+        for key in [&made.ca.key, &made.server.key, &alice.key] {
+            let mode = fs::metadata(key).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", key.display());
+        }
+        assert!(matches!(
+            init(dir.path(), &["localhost".into()]),
+            Err(CertError::Exists(_))
+        ));
+        assert!(matches!(
+            issue_client(dir.path(), "alice"),
+            Err(CertError::Exists(_))
+        ));
+    }
+
+    #[test]
+    fn client_names_are_checked() {
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            ".hidden",
+            "ca",
+            "server",
+            "sp ace",
+            &"x".repeat(65),
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["alice", "client-1", "tenant_a.prod"] {
+            validate_name(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn issuing_without_a_ca_says_how_to_make_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = issue_client(dir.path(), "bob").unwrap_err().to_string();
+        assert!(err.contains("certs init"), "{err}");
+    }
+
+    #[test]
+    fn default_sans_include_localhost() {
+        let sans = default_sans();
+        assert!(sans.contains(&"localhost".to_owned()));
+        assert!(sans.contains(&"127.0.0.1".to_owned()));
+    }
+}

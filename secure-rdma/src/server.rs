@@ -1,0 +1,467 @@
+//! The multi-client secure server: TLS accept, admission, one task and one
+//! set of RDMA resources per client.
+//!
+//! Admission happens before any RDMA resource exists for a client: TLS
+//! (mutual authentication), then the hello (protocol version), then a free
+//! client slot. A refused client gets
+//! the reason over TLS. Each admitted client gets its own PD, CQs, MRs and QP
+//! in its own tokio task; a disconnect, a crash of the client, an idle
+//! timeout or server shutdown drops them all.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tracing::Instrument;
+
+use crate::handshake::{Channel, Message, Op, RejectReason, VERSION};
+use crate::session::{Arrival, Session, SessionConfig, Tokens};
+use crate::tls::{self, Side};
+use crate::verbs::{Device, GidEntry, GidSelector, VerbsError};
+
+/// Server settings (the `secure-server` flags).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Clients served at once; the next one is refused with "server full".
+    pub max_clients: usize,
+    /// RDMA device; default: the one carrying the connection's local address.
+    pub device: Option<String>,
+    /// Source GID index; default: the RoCEv2 GID of the local address.
+    pub gid_index: Option<u32>,
+    /// Per-client buffer size in bytes.
+    pub buffer_size: usize,
+    /// CA certificate that client certificates must chain to.
+    pub ca: PathBuf,
+    /// Server certificate.
+    pub cert: PathBuf,
+    /// Server key.
+    pub key: PathBuf,
+    /// Limit for TLS + hello + RDMA setup of one client.
+    pub handshake_timeout: Duration,
+    /// A client silent this long is disconnected.
+    pub idle_timeout: Duration,
+}
+
+/// Errors that stop the server from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// TLS configuration failed.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// The listening socket failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The configured device cannot be used.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// Invalid settings.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Opens each RDMA device once and finds the GID for a local address.
+struct Devices {
+    fixed: Option<Arc<Device>>,
+    gid_index: Option<u32>,
+    cache: Mutex<HashMap<String, Arc<Device>>>,
+}
+
+impl Devices {
+    fn resolve(&self, local: IpAddr) -> Result<(Arc<Device>, GidEntry), VerbsError> {
+        let selector = match self.gid_index {
+            Some(i) => GidSelector::Index(i),
+            None => GidSelector::Address(local),
+        };
+        if let Some(dev) = &self.fixed {
+            let gid = dev.select_gid(&selector)?;
+            return Ok((Arc::clone(dev), gid));
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        for dev in cache.values() {
+            if let Ok(gid) = dev.select_gid(&selector) {
+                return Ok((Arc::clone(dev), gid));
+            }
+        }
+        let (dev, gid) = Device::open_for_address(local)?;
+        let dev = Arc::clone(
+            cache
+                .entry(dev.name().to_owned())
+                .or_insert_with(|| Arc::clone(&dev)),
+        );
+        Ok((dev, gid))
+    }
+}
+
+struct Shared {
+    config: ServerConfig,
+    acceptor: TlsAcceptor,
+    devices: Devices,
+    slots: Arc<Semaphore>,
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Clients that completed the handshake.
+    pub served: u64,
+    /// Clients refused at admission.
+    pub rejected: u64,
+}
+
+impl Server {
+    /// Loads the TLS material, opens the configured device (if any) and
+    /// binds the listening socket.
+    pub async fn bind(config: ServerConfig) -> Result<Server, ServerError> {
+        if config.max_clients == 0 {
+            return Err(ServerError::Config(
+                "--max-clients must be at least 1".into(),
+            ));
+        }
+        if !(64..=1 << 30).contains(&config.buffer_size) {
+            return Err(ServerError::Config(format!(
+                "--buffer-size {} must be between 64 bytes and 1 GiB",
+                config.buffer_size
+            )));
+        }
+        let tls = tls::server_config(&config.ca, &config.cert, &config.key)?;
+        let fixed = match &config.device {
+            Some(name) => Some(Device::open(Some(name))?),
+            None if config.gid_index.is_some() => Some(Device::open(None)?),
+            None => None,
+        };
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServerError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
+        let shared = Shared {
+            slots: Arc::new(Semaphore::new(config.max_clients)),
+            devices: Devices {
+                fixed,
+                gid_index: config.gid_index,
+                cache: Mutex::new(HashMap::new()),
+            },
+            acceptor: TlsAcceptor::from(tls),
+            config,
+        };
+        Ok(Server {
+            listener,
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves; then stops accepting, says bye to
+    /// every client, frees everything and returns.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Summary {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let mut summary = Summary {
+            served: 0,
+            rejected: 0,
+        };
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((conn, peer)) => {
+                        let shared = Arc::clone(&self.shared);
+                        let stop = stop_rx.clone();
+                        tasks.spawn(serve(conn, peer, shared, stop));
+                    }
+                    Err(e) => tracing::warn!(error = %e, "accept failed"),
+                },
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    tally(&mut summary, done);
+                }
+            }
+        }
+        tracing::info!(clients = tasks.len(), "shutting down: closing clients");
+        let _ = stop_tx.send(true);
+        while let Some(done) = tasks.join_next().await {
+            tally(&mut summary, done);
+        }
+        tracing::info!(
+            served = summary.served,
+            rejected = summary.rejected,
+            "server stopped; every client resource freed"
+        );
+        summary
+    }
+}
+
+fn tally(summary: &mut Summary, done: Result<Outcome, tokio::task::JoinError>) {
+    match done {
+        Ok(Outcome::Served) => summary.served += 1,
+        Ok(Outcome::Rejected) => summary.rejected += 1,
+        Ok(Outcome::Failed) => {}
+        Err(e) => tracing::error!(error = %e, "client task panicked"),
+    }
+}
+
+enum Outcome {
+    Served,
+    Rejected,
+    Failed,
+}
+
+/// Shows received bytes as text when printable, as hex otherwise.
+pub fn render(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) if s.chars().all(|c| !c.is_control() || c == '\n' || c == '\t') => format!("{s:?}"),
+        _ => {
+            let mut hex = String::with_capacity(bytes.len() * 2 + 4);
+            hex.push_str("hex:");
+            for b in bytes {
+                hex.push_str(&format!("{b:02x}"));
+            }
+            hex
+        }
+    }
+}
+
+async fn serve(
+    conn: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) -> Outcome {
+    let cfg = &shared.config;
+    let local_ip = match conn.local_addr() {
+        Ok(a) => a.ip(),
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "connection lost before TLS");
+            return Outcome::Failed;
+        }
+    };
+    let _ = conn.set_nodelay(true);
+    let tls = match tokio::time::timeout(cfg.handshake_timeout, shared.acceptor.accept(conn)).await
+    {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, error = %e, "TLS handshake failed: client refused");
+            return Outcome::Failed;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "TLS handshake timed out");
+            return Outcome::Failed;
+        }
+    };
+    let conn_state = &tls.get_ref().1;
+    let identity = match tls::client_identity(conn_state) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "client refused");
+            return Outcome::Failed;
+        }
+    };
+    let tokens = match (
+        tls::confirmation_token(conn_state, Side::Server),
+        tls::confirmation_token(conn_state, Side::Client),
+    ) {
+        (Ok(mine), Ok(peer_token)) => Tokens {
+            mine,
+            peer: peer_token,
+        },
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(client = %identity, error = %e, "TLS exporter failed");
+            return Outcome::Failed;
+        }
+    };
+    let chan = Channel::new(tls);
+    // An explicit root: a connection's span must never nest under whatever
+    // span happens to be current on the accepting thread.
+    let span = tracing::info_span!(parent: None, "client", id = %identity, %peer);
+    serve_client(chan, identity, local_ip, tokens, shared, stop)
+        .instrument(span)
+        .await
+}
+
+async fn serve_client(
+    mut chan: Channel<tokio_rustls::server::TlsStream<TcpStream>>,
+    identity: String,
+    local_ip: IpAddr,
+    tokens: Tokens,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) -> Outcome {
+    let cfg = &shared.config;
+
+    // Hello: version check.
+    let hello = tokio::time::timeout(cfg.handshake_timeout, chan.recv::<Message>()).await;
+    match hello {
+        Ok(Ok(Message::Hello { version, .. })) if version == VERSION => {}
+        Ok(Ok(Message::Hello { version, .. })) => {
+            return reject(
+                &mut chan,
+                RejectReason::Version {
+                    server: VERSION,
+                    client: version,
+                },
+            )
+            .await;
+        }
+        Ok(Ok(other)) => {
+            tracing::warn!(got = other.kind(), "expected hello; closing");
+            return Outcome::Failed;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "no hello");
+            return Outcome::Failed;
+        }
+        Err(_) => {
+            tracing::warn!("no hello in time");
+            return Outcome::Failed;
+        }
+    }
+    if *stop.borrow() {
+        return reject(&mut chan, RejectReason::ShuttingDown).await;
+    }
+    // A client slot before any RDMA resource exists.
+    let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
+        let max = cfg.max_clients;
+        let active = max - shared.slots.available_permits();
+        return reject(&mut chan, RejectReason::ServerFull { active, max }).await;
+    };
+    let (device, sgid) = match shared.devices.resolve(local_ip) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::error!(error = %e, "no RDMA device for this connection");
+            return reject(
+                &mut chan,
+                RejectReason::Unavailable {
+                    detail: e.to_string(),
+                },
+            )
+            .await;
+        }
+    };
+    if chan
+        .send(&Message::Accept {
+            buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
+            identity: identity.clone(),
+        })
+        .await
+        .is_err()
+    {
+        return Outcome::Failed;
+    }
+    let session_cfg = SessionConfig {
+        buffer_size: cfg.buffer_size,
+        ..SessionConfig::default()
+    };
+    let setup = Session::establish(&mut chan, &device, sgid, tokens, session_cfg);
+    let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "RDMA setup failed; resources freed");
+            return Outcome::Failed;
+        }
+        Err(_) => {
+            tracing::warn!("RDMA setup timed out; resources freed");
+            return Outcome::Failed;
+        }
+    };
+    let w = *session.wiring();
+    tracing::info!(
+        client = %identity,
+        device = device.name(),
+        gid = %w.local.gid,
+        qpn = %w.local.qpn,
+        peer_gid = %w.remote.gid,
+        peer_qpn = %w.remote.qpn,
+        active = cfg.max_clients - shared.slots.available_permits(),
+        max = cfg.max_clients,
+        "client connected"
+    );
+
+    let mut seq = 0u64;
+    let reason = loop {
+        tokio::select! {
+            msg = chan.recv::<Message>() => match msg {
+                Ok(Message::Bye) => {
+                    let _ = chan.send(&Message::Bye).await;
+                    break "client quit".to_owned();
+                }
+                Ok(other) => break format!("protocol error: unexpected {}", other.kind()),
+                Err(e) => break format!("disconnected: {e}"),
+            },
+            arrival = session.arrival() => {
+                let (op, data) = match arrival {
+                    Ok(Arrival::Send(d)) => (Op::Send, d),
+                    Ok(Arrival::Write(d)) => (Op::Write, d),
+                    Err(e) => break format!("RDMA error: {e}"),
+                };
+                seq += 1;
+                match op {
+                    Op::Send => tracing::info!(client = %identity, seq, bytes = data.len(), content = %render(&data), "SEND received"),
+                    Op::Write => tracing::info!(client = %identity, seq, bytes = data.len(), content = %render(&data), "WRITE landed"),
+                }
+                let ack = Message::Ack { op, seq, bytes: data.len() as u32 };
+                if let Err(e) = chan.send(&ack).await {
+                    break format!("disconnected: {e}");
+                }
+            }
+            _ = stop.changed() => {
+                let _ = chan.send(&Message::Bye).await;
+                break "server shutdown".to_owned();
+            }
+            _ = tokio::time::sleep(cfg.idle_timeout) => {
+                let _ = chan.send(&Message::Bye).await;
+                break format!("idle for {:?}", cfg.idle_timeout);
+            }
+        }
+    };
+    drop(session);
+    chan.close().await;
+    tracing::info!(client = %identity, %reason, operations = seq, "client gone; its PD, CQs, MRs and QP are freed");
+    Outcome::Served
+}
+
+async fn reject<S>(chan: &mut Channel<S>, reason: RejectReason) -> Outcome
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    tracing::warn!(%reason, "client rejected");
+    let _ = chan.send(&Message::Reject { reason }).await;
+    chan.close().await;
+    Outcome::Rejected
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn render_text_or_hex() {
+        assert_eq!(render(b"hello"), "\"hello\"");
+        assert_eq!(render(&[0, 1, 0xff]), "hex:0001ff");
+        assert_eq!(render(b"a\x07b"), "hex:610762");
+    }
+}

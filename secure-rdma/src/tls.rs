@@ -1,0 +1,161 @@
+//! TLS 1.3 with mutual certificate authentication, and what the connection
+//! setup derives from it: the peer's identity and the confirmation tokens.
+//!
+//! Only TLS 1.3 is offered. The server requires a client certificate from the
+//! deployment's CA; the client verifies the server against the same CA and
+//! the name it dialled. The client certificate's common name is the client's
+//! identity (its tenant) everywhere: logs, telemetry, quotas.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+/// Errors of TLS configuration and identity extraction.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or parsed.
+    #[error("{path}: {reason}")]
+    Pem {
+        /// The file.
+        path: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+    /// The client verifier could not be built.
+    #[error("client certificate verifier: {0}")]
+    Verifier(String),
+    /// The peer presented no usable certificate.
+    #[error("peer certificate: {0}")]
+    Identity(String),
+}
+
+fn pem_err(path: &Path, e: impl std::fmt::Display) -> TlsError {
+    TlsError::Pem {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// Reads every certificate of a PEM file.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| pem_err(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_err(path, e))?;
+    if certs.is_empty() {
+        return Err(pem_err(path, "no certificate in file"));
+    }
+    Ok(certs)
+}
+
+/// Reads a private key (PKCS#8, SEC1 or PKCS#1) from a PEM file.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| pem_err(path, e))
+}
+
+fn roots(ca: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(ca)? {
+        roots.add(cert).map_err(|e| pem_err(ca, e))?;
+    }
+    Ok(roots)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Server configuration: TLS 1.3 only, client certificates from `ca`
+/// required.
+pub fn server_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+        .build()
+        .map_err(|e| TlsError::Verifier(e.to_string()))?;
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(load_certs(cert)?, load_key(key)?)?;
+    Ok(Arc::new(config))
+}
+
+/// Client configuration: TLS 1.3 only, server verified against `ca`, our
+/// certificate presented for client authentication.
+pub fn client_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(load_certs(cert)?, load_key(key)?)?;
+    Ok(Arc::new(config))
+}
+
+/// Client configuration without a client certificate. The server refuses
+/// such clients; this exists so that refusal can be tested and reported.
+pub fn client_config_without_cert(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots(ca)?)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The identity in a certificate: its subject common name.
+pub fn identity_of(cert: &CertificateDer<'_>) -> Result<String, TlsError> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert.as_ref())
+        .map_err(|e| TlsError::Identity(e.to_string()))?;
+    let cn = x509
+        .subject()
+        .iter_common_name()
+        .next()
+        .ok_or_else(|| TlsError::Identity("no common name".to_owned()))?;
+    let name = cn.as_str().map_err(|e| TlsError::Identity(e.to_string()))?;
+    crate::certs::validate_name(name).map_err(|e| TlsError::Identity(e.to_string()))?;
+    Ok(name.to_owned())
+}
+
+/// The authenticated identity of the client on a server-side connection.
+pub fn client_identity(conn: &rustls::ServerConnection) -> Result<String, TlsError> {
+    let cert = conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or_else(|| TlsError::Identity("client presented no certificate".to_owned()))?;
+    identity_of(cert)
+}
+
+/// Which end of the connection a token belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The TLS server.
+    Server,
+    /// The TLS client.
+    Client,
+}
+
+/// Length of a confirmation token.
+pub const TOKEN_LEN: usize = 32;
+const EXPORTER_LABEL: &[u8] = b"EXPORTER-secure-rdma-confirm";
+
+/// The token `side` sends as its first RDMA message on the new QP.
+///
+/// Both ends derive both tokens from the TLS session's exporter secret
+/// (RFC 8446 §7.5), so only the two ends of this TLS session know them. A
+/// peer that proves the token over RDMA proves its QP is really connected to
+/// ours: a wrong PSN or GID drops packets silently on RC, and this is what
+/// turns that silence into an error.
+pub fn confirmation_token<D>(
+    conn: &rustls::ConnectionCommon<D>,
+    side: Side,
+) -> Result<[u8; TOKEN_LEN], TlsError> {
+    let context: &[u8] = match side {
+        Side::Server => b"server",
+        Side::Client => b"client",
+    };
+    conn.export_keying_material([0u8; TOKEN_LEN], EXPORTER_LABEL, Some(context))
+        .map_err(TlsError::Config)
+}

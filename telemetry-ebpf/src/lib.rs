@@ -1,0 +1,7 @@
+//! Telemetry for secure-rdma: RDMA traffic capture and decoding.
+//!
+//! [`decode`] is the pure-Rust RoCEv2 packet decoder behind the `rdma-capture` tool; it does not
+//! depend on eBPF and can decode frames from XDP/TC, datagrams from the rxe kprobes, or pcap
+//! files.
+
+pub mod decode;

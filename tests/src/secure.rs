@@ -1,0 +1,201 @@
+//! Fixtures for the secure server/client lab tests: a PKI in a temporary
+//! directory, a `secure-server` process whose JSON log lines are collected,
+//! and `secure-client` commands.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::{bin_dir, ADDR_A};
+
+/// A CA, a server certificate for the lab address and client certificates.
+pub struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    /// Creates a CA and a server certificate valid for 10.77.0.1.
+    pub fn new() -> Pki {
+        let dir = tempfile::tempdir().expect("tempdir");
+        secure_rdma::certs::init(dir.path(), &[ADDR_A.to_owned(), "localhost".to_owned()])
+            .expect("certs init");
+        Pki { dir }
+    }
+
+    /// The directory (`--certs`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Issues client certificates for these names.
+    pub fn clients(&self, names: &[String]) {
+        for n in names {
+            secure_rdma::certs::issue_client(self.dir(), n).expect("issue client");
+        }
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Lines a child wrote, shared with the thread reading them.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
+
+impl Lines {
+    /// Starts a thread copying `r` line by line.
+    pub fn collect(r: impl std::io::Read + Send + 'static) -> Lines {
+        let lines = Lines::default();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines() {
+                let Ok(line) = line else { break };
+                let (m, cv) = &*sink.0;
+                m.lock().unwrap().push(line);
+                cv.notify_all();
+            }
+        });
+        lines
+    }
+
+    /// A copy of every line so far.
+    pub fn snapshot(&self) -> Vec<String> {
+        self.0 .0.lock().unwrap().clone()
+    }
+
+    /// Waits until `count` lines satisfy `pred`; fails the test at the deadline.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        count: usize,
+        deadline: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) {
+        let (m, cv) = &*self.0;
+        let start = Instant::now();
+        let mut g = m.lock().unwrap();
+        loop {
+            if g.iter().filter(|l| pred(l)).count() >= count {
+                return;
+            }
+            let left = deadline.checked_sub(start.elapsed()).unwrap_or_else(|| {
+                panic!(
+                    "timed out waiting for {count} x {what}; lines:\n{}",
+                    g.join("\n")
+                )
+            });
+            g = cv.wait_timeout(g, left).unwrap().0;
+        }
+    }
+
+    /// JSON log events (lines that parse as objects).
+    pub fn events(&self) -> Vec<Value> {
+        self.snapshot()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(Value::is_object)
+            .collect()
+    }
+}
+
+/// A running `secure-server`.
+pub struct ServerProc {
+    /// The process.
+    pub child: Child,
+    /// Its stderr (JSON log lines).
+    pub log: Lines,
+    /// The port it listens on.
+    pub port: u16,
+}
+
+/// Path of a workspace binary.
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+impl ServerProc {
+    /// Starts `secure-server` on 10.77.0.1:`port` and waits until it is ready.
+    pub fn start(pki: &Pki, port: u16, extra: &[&str]) -> ServerProc {
+        let mut child = Command::new(bin("secure-server"))
+            .args([
+                "--listen",
+                &format!("{ADDR_A}:{port}"),
+                "--log-format",
+                "json",
+                "--certs",
+            ])
+            .arg(pki.dir())
+            .args(extra)
+            .env("RUST_LOG", "info,secure_rdma=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn secure-server");
+        let log = Lines::collect(child.stderr.take().expect("stderr"));
+        log.wait_for("secure-server ready", 1, Duration::from_secs(30), |l| {
+            l.contains("secure-server ready")
+        });
+        ServerProc { child, log, port }
+    }
+
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// Sends a signal to the server.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        let rc = unsafe { libc::kill(self.pid() as i32, sig) };
+        assert_eq!(rc, 0, "kill({sig})");
+    }
+
+    /// Log events with this message.
+    pub fn events(&self, message: &str) -> Vec<Value> {
+        self.log
+            .events()
+            .into_iter()
+            .filter(|e| e["message"] == message)
+            .collect()
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `secure-client` command for client `name` against `server`.
+pub fn client(pki: &Pki, server: &ServerProc, name: Option<&str>) -> Command {
+    let mut cmd = Command::new(bin("secure-client"));
+    cmd.arg(ADDR_A)
+        .args(["--port", &server.port.to_string(), "--certs"])
+        .arg(pki.dir())
+        .args(["--log-format", "json", "--timeout", "10"])
+        .env("RUST_LOG", "secure_rdma=debug");
+    if let Some(n) = name {
+        cmd.args(["--name", n]);
+    }
+    cmd
+}
