@@ -504,3 +504,57 @@ impl QueuePair<Rts> {
             .map_err(|e| VerbsError::verb("ibv_post_send", self.pd.device().name(), e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gid() -> Gid {
+        "::ffff:10.77.0.2".parse().unwrap()
+    }
+
+    #[test]
+    fn rtr_rejects_out_of_range_and_reserved_values() {
+        let ok = RtrParams::new(0x11, 0xff_ffff, gid(), PathMtu::Mtu1024).unwrap();
+        assert_eq!(ok.remote_qpn.get(), 0x11);
+        assert_eq!(ok.remote_psn.get(), 0xff_ffff);
+        for (qpn, psn, g, want) in [
+            (1 << 24, 0, gid(), "QPN 0x1000000 does not fit in 24 bits"),
+            (
+                0x11,
+                1 << 24,
+                gid(),
+                "PSN 0x1000000 does not fit in 24 bits",
+            ),
+            (u32::MAX, 0, gid(), "QPN 0xffffffff"),
+            (1, 0, gid(), "special QP"),
+            (0, 0, gid(), "special QP"),
+            (0x11, 0, Gid::default(), "remote GID is all zeros"),
+        ] {
+            let err = RtrParams::new(qpn, psn, g, PathMtu::Mtu1024)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{qpn:#x}/{psn:#x}: {err}");
+        }
+    }
+
+    #[test]
+    fn rts_rejects_psn_of_25_bits() {
+        assert_eq!(RtsParams::new(0).unwrap().local_psn.get(), 0);
+        assert!(RtsParams::new(0xff_ffff).is_ok());
+        let err = RtsParams::new(0x100_0000).unwrap_err().to_string();
+        assert!(
+            err.contains("PSN 0x1000000 does not fit in 24 bits"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn state_names_follow_the_spec() {
+        assert_eq!(Reset::NAME, "RESET");
+        assert_eq!(Init::NAME, "INIT");
+        assert_eq!(Rtr::NAME, "RTR");
+        assert_eq!(Rts::NAME, "RTS");
+        assert_eq!(state_name(QueuePairState::Error), "ERR");
+    }
+}
