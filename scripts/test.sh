@@ -103,7 +103,7 @@ for line in sys.stdin:
         exit 1
     fi
     stage "lab suite in the Soft-RoCE VM (${#VM_TESTS[@]} test binaries)"
-    cmd="rc=0; for t in ${VM_TESTS[*]}; do \"\$t\" --include-ignored --test-threads=1 || rc=1; done; exit \$rc"
+    cmd="rc=0; for t in ${VM_TESTS[*]}; do \"\$t\" --include-ignored --test-threads=1 --show-output || rc=1; done; exit \$rc"
     bash scripts/softroce-vm.sh "$cmd" 2>&1 | tee "$LOGDIR/vm.log" || vm_rc=${PIPESTATUS[0]}
     read -r VM_PASS VM_FAIL _ < <(count "$LOGDIR/vm.log")
     if [ "$vm_rc" != 0 ] && [ "$VM_FAIL" = 0 ]; then
