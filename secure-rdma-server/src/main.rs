@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use secure_rdma::certs;
 use secure_rdma::logging::{self, LogFormat};
+use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Server, ServerConfig};
 use serde::Deserialize;
 
@@ -58,7 +59,16 @@ struct Opts {
     /// Disconnect a client silent for this many seconds [default: 300]
     #[arg(long, value_name = "SECONDS")]
     idle_timeout: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout)
+    /// Quota file: thresholds enforced on every client's RDMA resources before they are made
+    /// ("QP_COUNT 8", "QP_CREATE 20", "MR_BYTES 1048576", "tenant alice QP_COUNT 2"; 0 disables;
+    /// '#' comments). A client over a limit is refused with the reason
+    #[arg(long, value_name = "FILE")]
+    quota: Option<PathBuf>,
+    /// One threshold, KEY=VALUE or tenant:NAME:KEY=VALUE; repeatable; wins over --quota
+    #[arg(long, value_name = "KEY=VALUE")]
+    #[serde(default)]
+    limit: Vec<String>,
+    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -208,12 +218,38 @@ async fn serve(flags: Opts) -> Result<()> {
         key: server.key,
         handshake_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(flags.idle_timeout.or(file.idle_timeout).unwrap_or(300)),
+        quotas: quotas(flags.quota.or(file.quota), file.limit.iter().chain(&flags.limit))?,
     };
     let max = config.max_clients;
     let srv = Server::bind(config).await?;
     tracing::info!(listen = %srv.local_addr()?, max_clients = max, "secure-server ready");
     srv.run(shutdown_signal()).await;
     Ok(())
+}
+
+/// The thresholds of `--quota FILE` and `--limit` settings (later ones win);
+/// `None` when neither is given.
+fn quotas<'a>(
+    file: Option<PathBuf>,
+    limits: impl Iterator<Item = &'a String>,
+) -> Result<Option<Quotas>> {
+    let limits: Vec<LimitSetting> = limits
+        .map(|l| l.parse().with_context(|| format!("--limit {l}")))
+        .collect::<Result<_>>()?;
+    if file.is_none() && limits.is_empty() {
+        return Ok(None);
+    }
+    let mut config = match &file {
+        Some(path) => QuotaConfig::load(path)?,
+        None => QuotaConfig::default(),
+    };
+    for setting in &limits {
+        config.apply(setting);
+    }
+    for setting in config.entries() {
+        tracing::info!(%setting, "quota");
+    }
+    Ok(Some(Quotas::new(config)))
 }
 
 async fn shutdown_signal() {

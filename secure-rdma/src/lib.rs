@@ -18,6 +18,7 @@ pub mod client;
 pub mod handshake;
 pub mod logging;
 pub mod psn;
+pub mod quota;
 pub mod server;
 pub mod session;
 pub mod tls;

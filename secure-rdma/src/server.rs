@@ -23,6 +23,7 @@ use tracing::Instrument;
 use crate::handshake::{Channel, Message, Op, RejectReason, VERSION};
 use crate::session::{Arrival, Session, SessionConfig, Tokens};
 use crate::tls::{self, Side};
+use crate::quota::{Quotas, TenantInfo};
 use crate::verbs::{Device, GidEntry, GidSelector, VerbsError};
 
 /// Server settings (the `secure-server` flags).
@@ -48,6 +49,9 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// A client silent this long is disconnected.
     pub idle_timeout: Duration,
+    /// Thresholds enforced on every client's RDMA resources before they are
+    /// made; `None` admits everything. Keep a clone to read its counts.
+    pub quotas: Option<Quotas>,
 }
 
 /// Errors that stop the server from starting.
@@ -110,6 +114,8 @@ struct Shared {
     acceptor: TlsAcceptor,
     devices: Devices,
     slots: Arc<Semaphore>,
+    /// This process's cgroup v2 id (0 if unknown), for quota registrations.
+    cgroup_id: u64,
 }
 
 /// A bound, not yet running server.
@@ -157,6 +163,7 @@ impl Server {
                 })?;
         let shared = Shared {
             slots: Arc::new(Semaphore::new(config.max_clients)),
+            cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
             devices: Devices {
                 fixed,
                 gid_index: config.gid_index,
@@ -362,6 +369,37 @@ async fn serve_client(
             .await;
         }
     };
+    let session_cfg = SessionConfig {
+        buffer_size: cfg.buffer_size,
+        ..SessionConfig::default()
+    };
+    // Quotas are checked for everything the session will make, before any of
+    // it reaches the kernel; the counts stay held until the session is gone.
+    let _admitted = match &cfg.quotas {
+        None => None,
+        Some(quotas) => {
+            let tenant = quotas.register(TenantInfo {
+                identity: identity.clone(),
+                pid: std::process::id(),
+                cgroup_id: shared.cgroup_id,
+            });
+            match session_cfg.admit(&tenant) {
+                Ok(admission) => Some((admission, tenant)),
+                Err(refusal) => {
+                    tracing::warn!(
+                        client = %identity,
+                        verb = %refusal.verb(),
+                        key = %refusal.key(),
+                        limit = refusal.limit(),
+                        current = refusal.current(),
+                        "INTERCEPTED: {refusal}"
+                    );
+                    let detail = refusal.to_string();
+                    return reject(&mut chan, RejectReason::Quota { detail }).await;
+                }
+            }
+        }
+    };
     if chan
         .send(&Message::Accept {
             buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
@@ -372,10 +410,6 @@ async fn serve_client(
     {
         return Outcome::Failed;
     }
-    let session_cfg = SessionConfig {
-        buffer_size: cfg.buffer_size,
-        ..SessionConfig::default()
-    };
     let setup = Session::establish(&mut chan, &device, sgid, tokens, session_cfg);
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,

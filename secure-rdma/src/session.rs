@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::handshake::{Channel, Endpoint, HandshakeError, Message};
 use crate::psn::Psn;
+use crate::quota::{Admission, Refusal, TenantQuota, Verb};
 use crate::tls::TOKEN_LEN;
 use crate::verbs::{
     Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MrAccess, QpAttributes, QpCaps,
@@ -66,6 +67,60 @@ pub struct SessionConfig {
     pub recv_slots: usize,
     /// Timeout of each step (completions, control replies, confirmation).
     pub timeout: Duration,
+}
+
+impl SessionConfig {
+    /// Buffer size and receive slots as [`Session::establish`] uses them.
+    fn layout(&self) -> (usize, usize) {
+        (self.buffer_size.max(TOKEN_LEN), self.recv_slots.max(2))
+    }
+
+    /// Admits, against `quota`, every control-path call [`Session::establish`]
+    /// makes, before any of them reaches the kernel: one QP and its three state
+    /// transitions, one PD, two CQs and three MRs with their sizes.
+    ///
+    /// All or nothing: on a refusal the calls admitted so far are released, so
+    /// a refused client leaves no count behind and no half-built session. Keep
+    /// the result as long as the session lives; dropping it releases the counts.
+    ///
+    /// ```
+    /// use secure_rdma::quota::{QuotaConfig, Quotas, TenantInfo};
+    /// use secure_rdma::session::SessionConfig;
+    ///
+    /// let quotas = Quotas::new(QuotaConfig::parse("tenant alice QP_COUNT 1\n", "q")?);
+    /// let alice = quotas.register(TenantInfo { identity: "alice".into(), pid: 1, cgroup_id: 1 });
+    /// let first = SessionConfig::default().admit(&alice)?;
+    /// let refused = SessionConfig::default().admit(&alice).unwrap_err();
+    /// assert_eq!(refused.to_string(), "QP_COUNT limit 1 reached for tenant alice (1 live)");
+    /// drop(first);
+    /// assert!(SessionConfig::default().admit(&alice).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn admit(&self, quota: &TenantQuota) -> Result<SessionAdmission, Refusal> {
+        let (bs, slots) = self.layout();
+        let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        // The QP first: it is what operators limit most, and its refusal
+        // reason is the one a client can act on.
+        let mut held = vec![quota.admit(Verb::QpCreate)?];
+        for _ in 0..3 {
+            held.push(quota.admit(Verb::QpModify)?);
+        }
+        held.push(quota.admit(Verb::PdAlloc)?);
+        for _ in 0..2 {
+            held.push(quota.admit(Verb::CqCreate)?);
+        }
+        for size in [bs, bs.saturating_mul(slots), bs] {
+            held.push(quota.admit_mr(bytes(size))?);
+        }
+        Ok(SessionAdmission { _held: held })
+    }
+}
+
+/// The quota admissions of one session's resources (see
+/// [`SessionConfig::admit`]); dropping it releases their counts.
+#[derive(Debug)]
+pub struct SessionAdmission {
+    _held: Vec<Admission>,
 }
 
 impl Default for SessionConfig {
@@ -160,8 +215,7 @@ impl Session {
         tokens: Tokens,
         config: SessionConfig,
     ) -> Result<Session, SessionError> {
-        let bs = config.buffer_size.max(TOKEN_LEN);
-        let slots = config.recv_slots.max(2);
+        let (bs, slots) = config.layout();
         let pd = device.alloc_pd()?;
         let depth = u32::try_from(slots * 2).unwrap_or(u32::MAX);
         let send_cq = CompletionQueue::new(device, depth)?;

@@ -4,4 +4,6 @@
 //! depend on eBPF and can decode frames from XDP/TC, datagrams from the rxe kprobes, or pcap
 //! files.
 
+pub mod capture;
 pub mod decode;
+pub mod report;

@@ -2,7 +2,7 @@
 //! directory, a `secure-server` process whose JSON log lines are collected,
 //! and `secure-client` commands.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{bin_dir, ADDR_A};
+use crate::{bin_dir, rdma_resources_of, wait_with_deadline, ADDR_A};
 
 /// A CA, a server certificate for the lab address and client certificates.
 pub struct Pki {
@@ -198,4 +198,68 @@ pub fn client(pki: &Pki, server: &ServerProc, name: Option<&str>) -> Command {
         cmd.args(["--name", n]);
     }
     cmd
+}
+
+/// How long a lab step may take under emulation before the test fails.
+const STEP: Duration = Duration::from_secs(90);
+
+/// A client kept connected: its stdin stays open until [`Held::quit`].
+pub struct Held {
+    /// The client process.
+    pub child: Child,
+    /// Its stdout lines.
+    pub out: Lines,
+}
+
+impl Held {
+    /// Starts `cmd` with a piped stdin, so it waits for commands.
+    pub fn start(mut cmd: Command) -> Held {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn client");
+        let out = Lines::collect(child.stdout.take().expect("stdout"));
+        Held { child, out }
+    }
+
+    /// Waits for the "connected to" line.
+    pub fn wait_connected(&self) {
+        self.out
+            .wait_for("connected", 1, STEP, |l| l.starts_with("connected to "));
+    }
+
+    /// Sends `quit` and waits for the exit.
+    pub fn quit(mut self) -> std::process::ExitStatus {
+        if let Some(stdin) = self.child.stdin.as_mut() {
+            let _ = stdin.write_all(b"quit\n");
+        }
+        drop(self.child.stdin.take());
+        wait_with_deadline(self.child, STEP, "held client").status
+    }
+}
+
+/// Lines of [`rdma_resources_of`] of one kind (`qp`, `pd`, `cq`, `mr`).
+pub fn count_kind(lines: &[String], kind: &str) -> usize {
+    lines
+        .iter()
+        .filter(|l| l.starts_with(&format!("{kind}:")))
+        .count()
+}
+
+/// Waits until `pid` holds exactly `want_qps` QPs (and nothing at all for 0).
+pub fn wait_resources(pid: u32, want_qps: usize, deadline: Duration) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let now = rdma_resources_of(pid);
+        if count_kind(&now, "qp") == want_qps && (want_qps > 0 || now.is_empty()) {
+            return now;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "pid {pid}: expected {want_qps} QPs within {deadline:?}, have {now:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

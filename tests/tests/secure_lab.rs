@@ -4,11 +4,10 @@
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{client, Lines, Pki, ServerProc};
+use secure_rdma_tests::secure::{client, count_kind, wait_resources, Held, Pki, ServerProc};
 use secure_rdma_tests::{rdma_resources_of, require_lab, spawn, wait_with_deadline};
 use serde_json::Value;
 
@@ -24,61 +23,6 @@ fn run(cmd: &mut Command, what: &str) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// A client kept connected: its stdin stays open until `quit`.
-struct Held {
-    child: Child,
-    out: Lines,
-}
-
-impl Held {
-    fn start(mut cmd: Command) -> Held {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn client");
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        Held { child, out }
-    }
-
-    fn wait_connected(&self) {
-        self.out
-            .wait_for("connected", 1, DEADLINE, |l| l.starts_with("connected to "));
-    }
-
-    fn quit(mut self) -> std::process::ExitStatus {
-        if let Some(stdin) = self.child.stdin.as_mut() {
-            let _ = stdin.write_all(b"quit\n");
-        }
-        drop(self.child.stdin.take());
-        let out = wait_with_deadline(self.child, DEADLINE, "held client");
-        out.status
-    }
-}
-
-fn count_kind(lines: &[String], kind: &str) -> usize {
-    lines
-        .iter()
-        .filter(|l| l.starts_with(&format!("{kind}:")))
-        .count()
-}
-
-fn wait_resources(pid: u32, want_qps: usize, deadline: Duration) -> Vec<String> {
-    let start = Instant::now();
-    loop {
-        let now = rdma_resources_of(pid);
-        if count_kind(&now, "qp") == want_qps && (want_qps > 0 || now.is_empty()) {
-            return now;
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "server pid {pid}: expected {want_qps} QPs within {deadline:?}, have {now:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

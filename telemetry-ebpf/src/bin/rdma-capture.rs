@@ -1,0 +1,254 @@
+//! `rdma-capture`: capture RoCEv2 traffic of Soft-RoCE with eBPF, decode every header, check
+//! every ICRC, print text or JSON lines, write pcap. Argument parsing and wiring only; the work
+//! is in `telemetry_ebpf::capture`.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{ArgGroup, Parser};
+use telemetry_ebpf::capture::filter::ClassFilter;
+use telemetry_ebpf::capture::loader::{Capture, CapturePoint};
+use telemetry_ebpf::capture::netdev;
+use telemetry_ebpf::capture::offline;
+use telemetry_ebpf::capture::processor::{KernelCounters, Output, Processor, ProcessorConfig};
+use telemetry_ebpf::capture::{wall_time, MAX_SNAPLEN};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Capture RoCEv2 (UDP 4791) traffic of Soft-RoCE with eBPF and decode it.
+///
+/// By default XDP (received frames) and TC (sent frames) programs are attached to the netdev:
+/// what crosses the wire. With --rxe, kprobes inside rxe see every packet an rxe device sends
+/// and receives, including traffic between two QPs of the same device, which never reaches a
+/// netdev. Needs root (or CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON). Stops on Ctrl-C, after
+/// --count packets or --duration seconds, and prints a summary: packets per opcode, bad ICRCs,
+/// kernel-side drops, and the PSN history of every followed direction.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    group(ArgGroup::new("where").required(true).args(["interface", "device", "read"]))
+)]
+struct Args {
+    /// Netdev to capture on (e.g. veth-a).
+    #[arg(short = 'i', long, value_name = "NETDEV")]
+    interface: Option<String>,
+    /// RDMA device (e.g. rxe-a): capture on the netdev under it, or with --rxe, its packets only.
+    #[arg(short = 'd', long, value_name = "RXE_DEVICE")]
+    device: Option<String>,
+    /// Capture inside rxe with kprobes instead of on the netdev (same-device traffic too).
+    #[arg(long)]
+    rxe: bool,
+    /// Decode this pcap file (Ethernet or raw IP) instead of capturing; needs no privileges.
+    #[arg(short = 'r', long, value_name = "FILE.pcap", conflicts_with_all = ["interface", "device", "rxe", "duration"])]
+    read: Option<PathBuf>,
+    /// Write the packets shown to this pcap file (Ethernet, nanosecond timestamps).
+    #[arg(short = 'w', long, value_name = "FILE.pcap")]
+    write: Option<PathBuf>,
+    /// Print one JSON object per packet, and the summary as a final {"summary": …} line.
+    #[arg(long, conflicts_with = "quiet")]
+    json: bool,
+    /// Print no packets, only the summary.
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// Show only this QP: packets to it and its peer's responses; flags PSN gaps, duplicates and
+    /// retransmissions per direction. Decimal or 0x-hex.
+    #[arg(long, value_name = "QPN", value_parser = parse_qpn)]
+    qpn: Option<u32>,
+    /// Show only these opcode classes, comma-separated: send, write, read, atomic, ack, cnp,
+    /// or a transport: rc, uc, rd, ud, xrc.
+    #[arg(long, value_name = "CLASSES", value_parser = parse_classes)]
+    class: Option<ClassFilter>,
+    /// Path MTU in bytes, so the PSN follower knows how many PSNs an RDMA READ reserves.
+    #[arg(long, value_name = "BYTES")]
+    mtu: Option<u32>,
+    /// Stop after this many packets have been shown.
+    #[arg(short = 'c', long)]
+    count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    duration: Option<Duration>,
+    /// Bytes captured per packet (1..=2048; the default keeps whole packets at MTU 1500).
+    #[arg(long, default_value_t = MAX_SNAPLEN,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SNAPLEN)))]
+    snaplen: u32,
+    /// Use generic (SKB) XDP only, never driver mode.
+    #[arg(long)]
+    xdp_skb: bool,
+    /// Received frames only (XDP).
+    #[arg(long, conflicts_with_all = ["egress_only", "rxe"])]
+    ingress_only: bool,
+    /// Sent frames only (TC egress).
+    #[arg(long, conflicts_with = "rxe")]
+    egress_only: bool,
+}
+
+fn parse_qpn(s: &str) -> Result<u32, String> {
+    let n = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|_| format!("{s:?} is not a number"))?;
+    if n > 0xff_ffff {
+        return Err(format!(
+            "{s} is not a QPN (QPNs are 24 bits, at most 0xffffff)"
+        ));
+    }
+    Ok(n)
+}
+
+fn parse_classes(s: &str) -> Result<ClassFilter, String> {
+    ClassFilter::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s} is not a duration in seconds"))
+}
+
+fn capture_point(args: &Args) -> Result<(CapturePoint, String)> {
+    let netdev = match (&args.interface, &args.device) {
+        (Some(iface), _) => iface.clone(),
+        (None, Some(dev)) => netdev::netdev_of_rdma_device(dev).with_context(|| {
+            format!("RDMA device {dev:?} not found, or no netdev under it (see `rdma link show`)")
+        })?,
+        (None, None) => bail!("give -i NETDEV, -d RXE_DEVICE or -r FILE"),
+    };
+    let ifindex = netdev::ifindex_of(&netdev)
+        .with_context(|| format!("network interface {netdev:?} not found (see `ip link`)"))?;
+    if args.rxe {
+        return Ok((
+            CapturePoint::Rxe {
+                ifindex: Some(ifindex),
+            },
+            format!("rxe on {netdev}"),
+        ));
+    }
+    Ok((
+        CapturePoint::Netdev {
+            iface: netdev.clone(),
+            ingress: !args.egress_only,
+            egress: !args.ingress_only,
+            xdp_skb: args.xdp_skb,
+        },
+        netdev,
+    ))
+}
+
+/// `realtime - monotonic`, to turn `bpf_ktime_get_ns` stamps into wall-clock time.
+fn monotonic_offset_ns() -> i128 {
+    let ts = |clock| {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into a valid timespec.
+        unsafe { libc::clock_gettime(clock, &mut t) };
+        i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)
+    };
+    ts(libc::CLOCK_REALTIME) - ts(libc::CLOCK_MONOTONIC)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let pcap = args
+        .write
+        .as_ref()
+        .map(|p| {
+            File::create(p)
+                .map(BufWriter::new)
+                .with_context(|| format!("cannot create {}", p.display()))
+        })
+        .transpose()?;
+    let output = match (args.json, args.quiet) {
+        (true, _) => Output::Json,
+        (_, true) => Output::Quiet,
+        _ => Output::Text,
+    };
+    let config = ProcessorConfig {
+        qpn: args.qpn,
+        classes: args.class.clone().unwrap_or_default(),
+        path_mtu: args.mtu,
+        output,
+    };
+    let mut processor = Processor::new(config, pcap, args.snaplen)?;
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+
+    let (label, kernel) = match &args.read {
+        Some(path) => {
+            let file =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            offline::replay(&file, &mut processor, |l| writeln!(out, "{l}"), args.count)
+                .with_context(|| format!("{}", path.display()))?;
+            (path.display().to_string(), KernelCounters::default())
+        }
+        None => live(&args, &mut processor, &mut out)?,
+    };
+
+    let summary = processor.summary(kernel);
+    if output == Output::Json {
+        let line = serde_json::json!({ "summary": summary });
+        writeln!(out, "{line}").context("writing output")?;
+    }
+    out.flush().context("writing output")?;
+    if let Some(mut file) = processor.finish()? {
+        file.flush().context("writing the pcap file")?;
+    }
+    eprintln!("--- rdma-capture summary ({label}) ---\n{summary}");
+    Ok(())
+}
+
+/// Captures until Ctrl-C, --count or --duration; returns the label and the kernel's counters.
+fn live<W: Write>(
+    args: &Args,
+    processor: &mut Processor<W>,
+    out: &mut impl Write,
+) -> Result<(String, KernelCounters)> {
+    let (point, label) = capture_point(args)?;
+    let mut capture = Capture::start(&point, args.snaplen)?;
+    for what in capture.attached() {
+        eprintln!("rdma-capture: attached {what}");
+    }
+    // SAFETY: installs an async-signal-safe handler that only stores an atomic.
+    unsafe {
+        let handler: extern "C" fn(libc::c_int) = on_signal;
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+    }
+    let offset = monotonic_offset_ns();
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    let mut failure = None;
+    loop {
+        capture.drain(|record| {
+            match processor.process(record, wall_time(record.ktime_ns, offset)) {
+                Ok(Some(line)) => {
+                    if let Err(e) = writeln!(out, "{line}") {
+                        failure = Some(anyhow::Error::from(e).context("writing output"));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => failure = Some(anyhow::Error::from(e).context("writing the pcap file")),
+            }
+            failure.is_none() && args.count.is_none_or(|c| processor.shown() < c)
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        out.flush().context("writing output")?;
+        if STOP.load(Ordering::Relaxed)
+            || args.count.is_some_and(|c| processor.shown() >= c)
+            || deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            return Ok((label, capture.counters()));
+        }
+        capture.wait(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,42 @@
+//! `rdma-monitor` reports: one [`Snapshot`] per interval, rendered as text,
+//! JSON or Prometheus metrics, and served over HTTP for scraping.
+//!
+//! The snapshot gathers what the kernel programs counted (calls per verb and
+//! cgroup, live resources, lost events, attach results) and what quota
+//! enforcement counted ([`secure_rdma::quota::Quotas::snapshot`]). The
+//! renderers are pure functions of it, so every output format shows the same
+//! interval:
+//!
+//! - [`render_text`]: sections for people, in the original monitor's layout;
+//! - [`render_json`]: one object per interval, with a documented schema;
+//! - [`render_prometheus`]: the text exposition format, served by
+//!   [`serve_metrics`].
+//!
+//! [`cgroup_path`] turns the cgroup ids the kernel reports into paths.
+//!
+//! ```
+//! use std::time::{Duration, SystemTime};
+//! use telemetry_ebpf::report::{render_text, Snapshot};
+//!
+//! let snapshot = Snapshot::new(SystemTime::now(), Duration::from_secs(5));
+//! print!("{}", render_text(&snapshot));
+//! ```
+
+#![warn(missing_docs)]
+
+mod cgroup;
+mod http;
+mod json;
+mod prometheus;
+mod snapshot;
+#[cfg(test)]
+mod test_support;
+mod text;
+mod timestamp;
+
+pub use cgroup::cgroup_path;
+pub use http::{serve_metrics, CONTENT_TYPE};
+pub use json::render_json;
+pub use prometheus::render_prometheus;
+pub use snapshot::{AttachReport, CgroupStats, Interception, Snapshot};
+pub use text::render_text;

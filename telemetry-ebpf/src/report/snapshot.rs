@@ -1,0 +1,120 @@
+//! What `rdma-monitor` knows at the end of one reporting interval.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use secure_rdma::quota::{QuotaConfig, Resource, Verb};
+
+/// One reporting interval of `rdma-monitor`: the input of every renderer.
+///
+/// Counts of verbs are cumulative since the monitor started; `rates` and
+/// [`Interception::in_interval`] cover the last interval only. Live counts
+/// are `i64` because the monitor may start after resources were created and
+/// then see more destructions than creations.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use secure_rdma::quota::{Resource, Verb};
+/// use telemetry_ebpf::report::{self, Snapshot};
+///
+/// let mut snapshot = Snapshot::new(SystemTime::UNIX_EPOCH, Duration::from_secs(1));
+/// snapshot.live.insert(Resource::Qp, 3);
+/// snapshot.totals.insert(Verb::QpCreate, 5);
+/// snapshot.rates.insert(Verb::QpCreate, 2.0);
+///
+/// assert!(report::render_text(&snapshot).starts_with("=== 1970-01-01T00:00:00Z"));
+/// assert_eq!(report::render_json(&snapshot)["live"]["QP"], 3);
+/// assert!(report::render_prometheus(&snapshot)
+///     .contains("\nrdma_live_resources{resource=\"qp\"} 3\n"));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// When the interval ended.
+    pub time: SystemTime,
+    /// How long the interval was.
+    pub interval: Duration,
+    /// The thresholds in force ("interception configuration"), if any.
+    pub config: Option<QuotaConfig>,
+    /// Live resources, system-wide.
+    pub live: BTreeMap<Resource, i64>,
+    /// Bytes of live memory regions, system-wide.
+    pub mr_bytes: i64,
+    /// Calls of each verb since the monitor started.
+    pub totals: BTreeMap<Verb, u64>,
+    /// Calls per second of each verb over the last interval.
+    pub rates: BTreeMap<Verb, f64>,
+    /// Per-cgroup activity.
+    pub cgroups: Vec<CgroupStats>,
+    /// Calls refused by a quota, one entry per verb, scope and limit.
+    pub intercepted: Vec<Interception>,
+    /// Kernel events dropped because the ring buffer was full, since start.
+    pub lost_events: u64,
+    /// How each kernel hook fared when attaching.
+    pub attach: Vec<AttachReport>,
+}
+
+impl Snapshot {
+    /// An interval with nothing observed yet.
+    pub fn new(time: SystemTime, interval: Duration) -> Snapshot {
+        Snapshot {
+            time,
+            interval,
+            config: None,
+            live: BTreeMap::new(),
+            mr_bytes: 0,
+            totals: BTreeMap::new(),
+            rates: BTreeMap::new(),
+            cgroups: Vec::new(),
+            intercepted: Vec::new(),
+            lost_events: 0,
+            attach: Vec::new(),
+        }
+    }
+}
+
+/// The activity of one cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// The cgroup v2 id (inode number of its directory).
+    pub id: u64,
+    /// Its path below the cgroup root (`/system.slice/x`), or empty if
+    /// unknown (the cgroup may be gone already).
+    pub path: String,
+    /// Calls of each verb since the monitor started.
+    pub ops: BTreeMap<Verb, u64>,
+    /// Live resources created from this cgroup.
+    pub live: BTreeMap<Resource, i64>,
+}
+
+/// Calls of one verb refused by one limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interception {
+    /// The refused verb.
+    pub verb: Verb,
+    /// Whose limit: a tenant name, `global`, or a cgroup path.
+    pub scope: String,
+    /// The limit's key (`QP_COUNT`, `MR_REG`, ...).
+    pub key: String,
+    /// The limit's value.
+    pub limit: u64,
+    /// Refusals since the monitor started.
+    pub count: u64,
+    /// Refusals during this interval; text reports mark the verb
+    /// `INTERCEPTED` when this is non-zero.
+    pub in_interval: u64,
+}
+
+/// How attaching one kernel hook went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachReport {
+    /// The hooked function or tracepoint (`ib_create_qp`, ...).
+    pub hook: String,
+    /// `kprobe`, `kretprobe` or `tracepoint`.
+    pub kind: String,
+    /// Whether it is attached.
+    pub attached: bool,
+    /// Why it is not, if known.
+    pub reason: Option<String>,
+}

@@ -1,0 +1,224 @@
+//! The human-readable report, one block per interval.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use secure_rdma::quota::{Resource, Verb};
+
+use super::snapshot::{Interception, Snapshot};
+use super::timestamp::rfc3339;
+
+/// Renders one interval as text sections, in the layout of the original
+/// rdma monitor:
+///
+/// ```text
+/// === 2024-05-01T12:00:00Z (interval 1.0s) ===
+/// Interception configuration:
+///   QP_COUNT 4
+/// Resource counts:
+///   QP             3 (limit 4)
+///   PD             1
+///   CQ             2
+///   MR             0
+///   MR bytes       0
+/// Per-cgroup statistics:
+///   /system.slice/x (id 1234): QP_CREATE 3, MR_REG 1; live QP 3
+/// Operation frequency:
+///   QP_CREATE         2.00/s (total 5)  INTERCEPTED 1 (global: QP_COUNT limit 4)
+///   ...
+/// Lost events: 0
+/// ```
+///
+/// Every verb gets a frequency line, so that intervals line up. Attach
+/// failures get a section only when there are any.
+pub fn render_text(snapshot: &Snapshot) -> String {
+    let mut out = String::new();
+    // `fmt::Write` for `String` never fails.
+    let _ = write_report(&mut out, snapshot);
+    out
+}
+
+fn write_report(out: &mut String, s: &Snapshot) -> std::fmt::Result {
+    writeln!(
+        out,
+        "=== {} (interval {:.1}s) ===",
+        rfc3339(s.time),
+        s.interval.as_secs_f64()
+    )?;
+
+    writeln!(out, "Interception configuration:")?;
+    match s.config.as_ref().filter(|c| !c.is_empty()) {
+        None => writeln!(out, "  none")?,
+        Some(config) => {
+            for entry in config.entries() {
+                writeln!(out, "  {entry}")?;
+            }
+        }
+    }
+
+    writeln!(out, "Resource counts:")?;
+    let global = s.config.as_ref().map(|c| &c.global);
+    for resource in Resource::ALL {
+        let live = s.live.get(&resource).copied().unwrap_or(0);
+        let limit = global.and_then(|g| g.count(resource));
+        writeln!(
+            out,
+            "  {:<10} {live:>4}{}",
+            resource.name(),
+            limit_note(limit)
+        )?;
+    }
+    let limit = global.and_then(|g| g.mr_bytes());
+    writeln!(
+        out,
+        "  {:<10} {:>4}{}",
+        "MR bytes",
+        s.mr_bytes,
+        limit_note(limit)
+    )?;
+
+    writeln!(out, "Per-cgroup statistics:")?;
+    if s.cgroups.is_empty() {
+        writeln!(out, "  none")?;
+    }
+    for cgroup in &s.cgroups {
+        let path = if cgroup.path.is_empty() {
+            "(unknown cgroup)".to_owned()
+        } else {
+            printable(&cgroup.path)
+        };
+        let ops = joined(cgroup.ops.iter().filter(|(_, n)| **n != 0));
+        let live = joined(cgroup.live.iter().filter(|(_, n)| **n != 0));
+        let ops = if ops.is_empty() { "no calls" } else { &ops };
+        write!(out, "  {path} (id {}): {ops}", cgroup.id)?;
+        if !live.is_empty() {
+            write!(out, "; live {live}")?;
+        }
+        writeln!(out)?;
+    }
+
+    writeln!(out, "Operation frequency:")?;
+    let mut recent: BTreeMap<Verb, Vec<&Interception>> = BTreeMap::new();
+    for i in s.intercepted.iter().filter(|i| i.in_interval > 0) {
+        recent.entry(i.verb).or_default().push(i);
+    }
+    for verb in Verb::ALL {
+        let rate = s.rates.get(&verb).copied().unwrap_or(0.0);
+        let total = s.totals.get(&verb).copied().unwrap_or(0);
+        write!(out, "  {:<12} {rate:>10.2}/s (total {total})", verb.name())?;
+        if let Some(hits) = recent.get(&verb) {
+            let count: u64 = hits.iter().map(|i| i.in_interval).sum();
+            let why: Vec<String> = hits
+                .iter()
+                .map(|i| format!("{}: {} limit {}", i.scope, i.key, i.limit))
+                .collect();
+            write!(out, "  INTERCEPTED {count} ({})", why.join("; "))?;
+        }
+        writeln!(out)?;
+    }
+
+    writeln!(out, "Lost events: {}", s.lost_events)?;
+
+    let failed: Vec<_> = s.attach.iter().filter(|a| !a.attached).collect();
+    if !failed.is_empty() {
+        writeln!(out, "Attach failures:")?;
+        for a in failed {
+            let reason = a.reason.as_deref().unwrap_or("no reason given");
+            writeln!(out, "  {} {}: {reason}", a.kind, a.hook)?;
+        }
+    }
+    Ok(())
+}
+
+/// Cgroup names may hold any byte but `/`; escaping control characters keeps
+/// one cgroup on one line.
+fn printable(path: &str) -> String {
+    path.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn limit_note(limit: Option<u64>) -> String {
+    limit.map_or_else(String::new, |l| format!(" (limit {l})"))
+}
+
+/// `NAME n, NAME n` for a per-cgroup map.
+fn joined<K: std::fmt::Display, V: std::fmt::Display>(
+    items: impl Iterator<Item = (K, V)>,
+) -> String {
+    items
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::test_support::example;
+    use crate::report::AttachReport;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn renders_every_section() {
+        let text = render_text(&example());
+        let expected = "\
+=== 2024-05-01T12:00:00Z (interval 2.0s) ===
+Interception configuration:
+  QP_COUNT 4
+  MR_BYTES 1048576
+  QP_CREATE 10
+  tenant alice QP_COUNT 2
+Resource counts:
+  QP            3 (limit 4)
+  PD            1
+  CQ            2
+  MR            1
+  MR bytes   4096 (limit 1048576)
+Per-cgroup statistics:
+  /system.slice/\"odd\\name\"\\n.service (id 4242): QP_CREATE 3, MR_REG 1; live QP 3, MR 1
+  (unknown cgroup) (id 7): no calls
+Operation frequency:
+  QP_CREATE          1.50/s (total 5)  INTERCEPTED 2 (alice: QP_COUNT limit 2; global: QP_CREATE limit 10)
+  QP_MODIFY          0.00/s (total 0)
+  QP_DESTROY         0.50/s (total 2)
+  PD_ALLOC           0.00/s (total 1)
+  PD_DEALLOC         0.00/s (total 0)
+  CQ_CREATE          0.00/s (total 2)
+  CQ_DESTROY         0.00/s (total 0)
+  MR_REG             0.00/s (total 1)
+  MR_DEREG           0.00/s (total 0)
+  GID_QUERY          0.00/s (total 0)
+  CM_SEND_REQ        0.00/s (total 0)
+Lost events: 3
+Attach failures:
+  kprobe ib_uverbs_reg_mr: symbol not found
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn empty_snapshot_says_none_and_hides_attach_failures() {
+        let mut s = Snapshot::new(UNIX_EPOCH, Duration::from_millis(500));
+        s.attach.push(AttachReport {
+            hook: "ib_create_qp".into(),
+            kind: "kprobe".into(),
+            attached: true,
+            reason: None,
+        });
+        let text = render_text(&s);
+        assert!(text.starts_with("=== 1970-01-01T00:00:00Z (interval 0.5s) ===\n"));
+        assert!(text.contains("Interception configuration:\n  none\n"));
+        assert!(text.contains("Per-cgroup statistics:\n  none\n"));
+        assert!(text.contains("  QP            0\n"));
+        assert!(!text.contains("INTERCEPTED"));
+        assert!(!text.contains("Attach failures"));
+        assert!(text.ends_with("Lost events: 0\n"));
+    }
+}
