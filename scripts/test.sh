@@ -91,7 +91,8 @@ if [ "$host_rc" != 0 ] && [ "$HOST_FAIL" = 0 ]; then HOST_FAIL=1; fi
 VM_PASS=0 VM_FAIL=0 vm_rc=0
 if [ "$HOST_ONLY" = 0 ]; then
     stage "build the lab suite"
-    cargo build --workspace --bins --locked
+    # --lib builds librdma_intercept.so (a cdylib) for the LD_PRELOAD tests.
+    cargo build --workspace --bins --lib --locked
     mapfile -t VM_TESTS < <(cargo test -p secure-rdma-tests --no-run --locked --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for line in sys.stdin:

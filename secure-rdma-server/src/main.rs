@@ -13,6 +13,8 @@ use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Server, ServerConfig};
 use serde::Deserialize;
 
+mod telemetry;
+
 /// Multi-client secure RDMA server.
 ///
 /// Clients authenticate with TLS 1.3 certificates from the deployment's CA
@@ -68,7 +70,18 @@ struct Opts {
     #[arg(long, value_name = "KEY=VALUE")]
     #[serde(default)]
     limit: Vec<String>,
-    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit)
+    /// Observe the RDMA control path: eBPF probes in-process when possible (root, kprobes),
+    /// otherwise the server's own counts; logs a report every --telemetry-interval
+    #[arg(long)]
+    #[serde(default)]
+    telemetry: bool,
+    /// Seconds between telemetry reports [default: 10]
+    #[arg(long, value_name = "SECONDS")]
+    telemetry_interval: Option<u64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (implies --telemetry)
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
+    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -204,7 +217,7 @@ async fn serve(flags: Opts) -> Result<()> {
             dir.display()
         );
     }
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         listen: flags
             .listen
             .or(file.listen)
@@ -218,8 +231,27 @@ async fn serve(flags: Opts) -> Result<()> {
         key: server.key,
         handshake_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(flags.idle_timeout.or(file.idle_timeout).unwrap_or(300)),
-        quotas: quotas(flags.quota.or(file.quota), file.limit.iter().chain(&flags.limit))?,
+        quotas: quotas(
+            flags.quota.or(file.quota),
+            file.limit.iter().chain(&flags.limit),
+        )?,
     };
+    let metrics = flags.metrics.or(file.metrics);
+    if flags.telemetry || file.telemetry || metrics.is_some() {
+        // Telemetry reports the server's own counts too, so it always has quotas (maybe empty).
+        let quotas = config
+            .quotas
+            .get_or_insert_with(|| Quotas::new(QuotaConfig::default()))
+            .clone();
+        let every = Duration::from_secs(
+            flags
+                .telemetry_interval
+                .or(file.telemetry_interval)
+                .unwrap_or(10)
+                .max(1),
+        );
+        telemetry::start(quotas, every, metrics).await?;
+    }
     let max = config.max_clients;
     let srv = Server::bind(config).await?;
     tracing::info!(listen = %srv.local_addr()?, max_clients = max, "secure-server ready");

@@ -21,9 +21,9 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use crate::handshake::{Channel, Message, Op, RejectReason, VERSION};
+use crate::quota::{Quotas, TenantInfo};
 use crate::session::{Arrival, Session, SessionConfig, Tokens};
 use crate::tls::{self, Side};
-use crate::quota::{Quotas, TenantInfo};
 use crate::verbs::{Device, GidEntry, GidSelector, VerbsError};
 
 /// Server settings (the `secure-server` flags).

@@ -5,5 +5,8 @@
 //! files.
 
 pub mod capture;
+pub mod collector;
 pub mod decode;
+pub mod monitor;
+pub mod rdma_cgroup;
 pub mod report;

@@ -109,15 +109,30 @@ fn bad_input_gets_a_clear_error_and_no_panic() {
     std::fs::write(&garbage, b"this is not a capture file at all").unwrap();
     let garbage = garbage.to_string_lossy().into_owned();
     let cases: &[(&[&str], &str)] = &[
-        (&["-i", "no-such-if0"], "network interface \"no-such-if0\" not found"),
-        (&["-d", "no-such-rxe"], "RDMA device \"no-such-rxe\" not found"),
+        (
+            &["-i", "no-such-if0"],
+            "network interface \"no-such-if0\" not found",
+        ),
+        (
+            &["-d", "no-such-rxe"],
+            "RDMA device \"no-such-rxe\" not found",
+        ),
         (&["-i", "lo", "--qpn", "0x1000000"], "QPNs are 24 bits"),
         (&["-i", "lo", "--qpn", "seven"], "\"seven\" is not a number"),
-        (&["-i", "lo", "--class", "send,bogus"], "unknown opcode class \"bogus\""),
+        (
+            &["-i", "lo", "--class", "send,bogus"],
+            "unknown opcode class \"bogus\"",
+        ),
         (&["-i", "lo", "--snaplen", "0"], "--snaplen"),
         (&["-i", "lo", "--snaplen", "4096"], "--snaplen"),
-        (&["-i", "lo", "--duration", "soon"], "\"soon\" is not a number"),
-        (&["-r", "/nonexistent/x.pcap"], "cannot read /nonexistent/x.pcap"),
+        (
+            &["-i", "lo", "--duration", "soon"],
+            "\"soon\" is not a number",
+        ),
+        (
+            &["-r", "/nonexistent/x.pcap"],
+            "cannot read /nonexistent/x.pcap",
+        ),
         (&["-r", &garbage], "garbage.pcap"),
         (&[], "required"),
     ];
@@ -135,7 +150,15 @@ fn help_explains_the_capture_points() {
     let out = rdma_capture(&["--help"]);
     assert!(out.status.success());
     let help = stdout(&out);
-    for want in ["--rxe", "--qpn", "--class", "-w", "--json", "--snaplen", "-r"] {
+    for want in [
+        "--rxe",
+        "--qpn",
+        "--class",
+        "-w",
+        "--json",
+        "--snaplen",
+        "-r",
+    ] {
         assert!(help.contains(want), "{want} missing from --help");
     }
     assert!(help.contains("same device"), "{help}");

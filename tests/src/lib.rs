@@ -114,3 +114,57 @@ pub fn bin_dir() -> PathBuf {
     let deps = exe.parent().expect("test binary has a parent dir");
     deps.parent().unwrap_or(deps).to_path_buf()
 }
+
+/// A cgroup v2 of one test, with the rdma controller enabled; removed when dropped.
+pub struct TestCgroup(pub PathBuf);
+
+impl TestCgroup {
+    /// Creates `/sys/fs/cgroup/NAME-PID`.
+    pub fn new(name: &str) -> TestCgroup {
+        let dir = Path::new("/sys/fs/cgroup").join(format!("{name}-{}", std::process::id()));
+        telemetry_ebpf::rdma_cgroup::create(&dir)
+            .unwrap_or_else(|e| panic!("creating cgroup {}: {e}", dir.display()));
+        TestCgroup(dir)
+    }
+
+    /// Its path as rdma-monitor reports it (relative to the hierarchy's root).
+    pub fn path(&self) -> String {
+        let rel = self.0.strip_prefix("/sys/fs/cgroup").unwrap_or(&self.0);
+        format!("/{}", rel.display())
+    }
+
+    /// `cmd` run inside this cgroup: the shell moves itself in, then execs.
+    pub fn command(&self, cmd: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            &format!(
+                "echo $$ > {} && exec {cmd}",
+                self.0.join("cgroup.procs").display()
+            ),
+        ]);
+        c
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Waits up to 10 s for a TCP listener on `port`; true if one appeared.
+pub fn wait_listening(port: u16) -> bool {
+    for _ in 0..100 {
+        let up = Command::new("ss")
+            .args(["-ltn", &format!("sport = :{port}")])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(":{port}")))
+            .unwrap_or(false);
+        if up {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}

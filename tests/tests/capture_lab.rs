@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, spawn, wait_with_deadline, ADDR_A, ADDR_B};
+use secure_rdma_tests::{require_lab, spawn, wait_listening, wait_with_deadline, ADDR_A, ADDR_B};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -358,20 +358,8 @@ fn same_device_traffic_is_captured_through_the_rxe_probes() {
         cmd
     };
     let server = spawn(&mut pingpong(&[]));
-    let mut client = None;
-    for _ in 0..100 {
-        let ready = Command::new("ss")
-            .args(["-ltn", "sport = :18611"])
-            .output()
-            .map(|o| text(&o.stdout).contains("18611"))
-            .unwrap_or(false);
-        if ready {
-            client = Some(spawn(&mut pingpong(&[ADDR_A])));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let client = client.expect("pingpong server listening on 18611");
+    assert!(wait_listening(18611), "pingpong server listening on 18611");
+    let client = spawn(&mut pingpong(&[ADDR_A]));
     let c = wait_with_deadline(client, DEADLINE, "pingpong client");
     let s = wait_with_deadline(server, DEADLINE, "pingpong server");
     assert!(c.status.success(), "{}", text(&c.stderr));

@@ -109,7 +109,10 @@ fn qp_create_rate_refuses_creations_beyond_the_rate() {
     // Within any second at most two were admitted, so six clients over this
     // span allow at most 2 * (seconds + 1).
     let bound = 2 * (spread.as_secs() as usize + 1);
-    assert!(served >= 2 && served <= bound, "{served} served in {spread:?}");
+    assert!(
+        served >= 2 && served <= bound,
+        "{served} served in {spread:?}"
+    );
     assert!(
         !refused.is_empty() || spread > Duration::from_secs(3),
         "six clients within {spread:?} and none refused"

@@ -37,8 +37,14 @@ pub fn id_of_path(root: &Path, path: &str) -> Option<u64> {
     std::fs::metadata(dir).ok().map(|m| m.ino())
 }
 
-/// The `0::PATH` line of a `/proc/PID/cgroup` file.
-fn parse_v2_path(text: &str) -> Option<String> {
+/// The path in the `0::PATH` line of a `/proc/PID/cgroup` file's text.
+///
+/// ```
+/// use secure_rdma::quota::cgroup::parse_v2_path;
+///
+/// assert_eq!(parse_v2_path("0::/system.slice/x.service\n").as_deref(), Some("/system.slice/x.service"));
+/// ```
+pub fn parse_v2_path(text: &str) -> Option<String> {
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
         .map(|p| p.trim().to_owned())
@@ -51,7 +57,8 @@ mod tests {
 
     #[test]
     fn finds_the_unified_hierarchy_line() {
-        let hybrid = "12:cpu,cpuacct:/x\n1:name=systemd:/user.slice\n0::/user.slice/session-1.scope\n";
+        let hybrid =
+            "12:cpu,cpuacct:/x\n1:name=systemd:/user.slice\n0::/user.slice/session-1.scope\n";
         assert_eq!(
             parse_v2_path(hybrid).as_deref(),
             Some("/user.slice/session-1.scope")

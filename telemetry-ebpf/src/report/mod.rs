@@ -12,6 +12,7 @@
 //! - [`render_prometheus`]: the text exposition format, served by
 //!   [`serve_metrics`].
 //!
+//! [`Sampler`] turns successive counter readings into snapshots with rates;
 //! [`cgroup_path`] turns the cgroup ids the kernel reports into paths.
 //!
 //! ```
@@ -28,6 +29,7 @@ mod cgroup;
 mod http;
 mod json;
 mod prometheus;
+mod sampler;
 mod snapshot;
 #[cfg(test)]
 mod test_support;
@@ -38,5 +40,6 @@ pub use cgroup::cgroup_path;
 pub use http::{serve_metrics, CONTENT_TYPE};
 pub use json::render_json;
 pub use prometheus::render_prometheus;
+pub use sampler::Sampler;
 pub use snapshot::{AttachReport, CgroupStats, Interception, Snapshot};
 pub use text::render_text;

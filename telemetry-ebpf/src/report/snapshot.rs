@@ -106,15 +106,5 @@ pub struct Interception {
     pub in_interval: u64,
 }
 
-/// How attaching one kernel hook went.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttachReport {
-    /// The hooked function or tracepoint (`ib_create_qp`, ...).
-    pub hook: String,
-    /// `kprobe`, `kretprobe` or `tracepoint`.
-    pub kind: String,
-    /// Whether it is attached.
-    pub attached: bool,
-    /// Why it is not, if known.
-    pub reason: Option<String>,
-}
+/// How attaching one kernel hook went (the monitor's own record).
+pub use crate::monitor::AttachReport;

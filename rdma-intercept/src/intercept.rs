@@ -1,0 +1,639 @@
+//! What the hooks decide, without the hooks: admission, the object → ticket
+//! table, fork and connection loss. Plain data, so it is tested against fake
+//! collectors without RDMA.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::client::{ClientError, Connection};
+use crate::protocol::{Reply, Request, Verb};
+
+/// Where the collector listens unless `RDMA_COLLECTOR` says otherwise.
+pub const DEFAULT_COLLECTOR: &str = "/run/rdma-monitor/collector.sock";
+
+/// How long one connect, send or receive may take.
+pub const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// errno of a call refused by a quota.
+pub const ERRNO_DENIED: i32 = libc::EDQUOT;
+
+/// errno of a call refused because the collector could not decide
+/// (`RDMA_INTERCEPT_FAIL=closed`): not a quota, so not `EDQUOT`.
+pub const ERRNO_NO_COLLECTOR: i32 = libc::EACCES;
+
+/// What to do when the collector cannot be asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Refuse every creation (the default): quotas are a security control.
+    Closed,
+    /// Allow creations uncounted, with a one-time warning.
+    Open,
+}
+
+impl fmt::Display for FailMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FailMode::Closed => "closed",
+            FailMode::Open => "open",
+        })
+    }
+}
+
+/// The interceptor's configuration, from the environment of the program.
+///
+/// # Examples
+///
+/// ```
+/// use rdma_intercept::intercept::{FailMode, Settings};
+///
+/// let s = Settings::from_vars(None, Some("open".as_ref()));
+/// assert_eq!(s.collector.to_str(), Some("/run/rdma-monitor/collector.sock"));
+/// assert_eq!(s.fail, FailMode::Open);
+/// assert!(s.problem.is_none());
+///
+/// let s = Settings::from_vars(Some("/tmp/c.sock".as_ref()), Some("maybe".as_ref()));
+/// assert_eq!(s.fail, FailMode::Closed);
+/// assert!(s.problem.is_some());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `RDMA_COLLECTOR`: the collector's socket.
+    pub collector: PathBuf,
+    /// `RDMA_INTERCEPT_FAIL`: `closed` (default) or `open`.
+    pub fail: FailMode,
+    /// A setting that was not understood, to warn about once.
+    pub problem: Option<String>,
+}
+
+impl Settings {
+    /// Reads `RDMA_COLLECTOR` and `RDMA_INTERCEPT_FAIL`.
+    pub fn from_env() -> Settings {
+        Settings::from_vars(
+            std::env::var_os("RDMA_COLLECTOR").as_deref(),
+            std::env::var_os("RDMA_INTERCEPT_FAIL").as_deref(),
+        )
+    }
+
+    /// Settings from the two variables' values; empty means unset.
+    pub fn from_vars(collector: Option<&OsStr>, fail: Option<&OsStr>) -> Settings {
+        let collector = match collector {
+            Some(path) if !path.is_empty() => PathBuf::from(path),
+            _ => PathBuf::from(DEFAULT_COLLECTOR),
+        };
+        let (fail, problem) = match fail.map(|v| v.to_string_lossy()) {
+            None => (FailMode::Closed, None),
+            Some(v) if v.is_empty() || v == "closed" => (FailMode::Closed, None),
+            Some(v) if v == "open" => (FailMode::Open, None),
+            // Unknown means closed: a typo must not switch enforcement off.
+            Some(v) => (
+                FailMode::Closed,
+                Some(format!(
+                    "RDMA_INTERCEPT_FAIL={v:?} is neither \"closed\" nor \"open\"; using closed"
+                )),
+            ),
+        };
+        Settings {
+            collector,
+            fail,
+            problem,
+        }
+    }
+}
+
+/// What a hook does with a creating call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Call the real function. With a ticket, hand the result to
+    /// [`Interceptor::created`] (or [`Interceptor::failed`] if it failed).
+    Proceed(Option<Ticket>),
+    /// Fail the call with this errno, without calling the real function.
+    Refuse(i32),
+}
+
+/// An admission: the collector's ticket, on the connection it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    /// Which connection issued it (tickets die with their connection).
+    generation: u64,
+    /// The collector's ticket number.
+    id: u64,
+}
+
+/// The state of the interceptor in one process.
+///
+/// Every method takes the caller's pid: after `fork` the child inherits this
+/// state, including the parent's connection, and must neither talk on it
+/// nor release the parent's tickets.
+///
+/// # Examples
+///
+/// ```no_run
+/// use rdma_intercept::intercept::{Decision, Interceptor, Settings};
+/// use rdma_intercept::protocol::Verb;
+///
+/// let mut state = Interceptor::new();
+/// let settings = Settings::from_env();
+/// let pid = std::process::id();
+/// let mut log = Vec::new();
+/// match state.admit(pid, &settings, Verb::QpCreate, None, &mut log) {
+///     Decision::Proceed(Some(ticket)) => {
+///         let qp = 0x1000; // what the real ibv_create_qp returned
+///         state.created(pid, qp, ticket);
+///         // ... later, around the real ibv_destroy_qp:
+///         let taken = state.take(pid, qp);
+///         state.release(pid, taken);
+///     }
+///     Decision::Proceed(None) => { /* fail-open: uncounted */ }
+///     Decision::Refuse(errno) => eprintln!("{} (errno {errno})", log.join("\n")),
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Interceptor {
+    /// The process this state belongs to; 0 before first use.
+    pid: u32,
+    conn: Option<Connection>,
+    /// Bumped whenever `conn` is opened or dropped.
+    generation: u64,
+    /// Live objects (their addresses) and their tickets.
+    objects: BTreeMap<usize, Ticket>,
+    warned_open: bool,
+    warned_setting: bool,
+}
+
+impl Default for Interceptor {
+    fn default() -> Self {
+        Interceptor::new()
+    }
+}
+
+impl Interceptor {
+    /// No connection and nothing tracked; usable in a `static`.
+    pub const fn new() -> Interceptor {
+        Interceptor {
+            pid: 0,
+            conn: None,
+            generation: 0,
+            objects: BTreeMap::new(),
+            warned_open: false,
+            warned_setting: false,
+        }
+    }
+
+    /// Objects created with a ticket and not destroyed yet.
+    pub fn tracked(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Whether a collector connection is open.
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// Asks the collector whether one `verb` (of `bytes`, for `MR_REG`) may
+    /// be created. Lines for stderr are pushed to `log`.
+    pub fn admit(
+        &mut self,
+        pid: u32,
+        settings: &Settings,
+        verb: Verb,
+        bytes: Option<u64>,
+        log: &mut Vec<String>,
+    ) -> Decision {
+        self.adopt(pid);
+        if let Some(problem) = &settings.problem {
+            if !std::mem::replace(&mut self.warned_setting, true) {
+                log.push(format!("rdma-intercept: {problem}"));
+            }
+        }
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            None => match Connection::connect(&settings.collector, TIMEOUT) {
+                Ok(conn) => {
+                    self.generation += 1;
+                    self.conn.insert(conn)
+                }
+                Err(e) => {
+                    let problem = Problem::Unreachable(e);
+                    return self.cannot_ask(settings, verb, &problem, log);
+                }
+            },
+        };
+        let reply = conn.request(&Request::Admit { verb, bytes });
+        match reply {
+            Ok(Reply::Ticket(id)) => Decision::Proceed(Some(Ticket {
+                generation: self.generation,
+                id,
+            })),
+            Ok(Reply::Deny(reason)) => {
+                log.push(format!("rdma-intercept: {verb} refused: {reason}"));
+                Decision::Refuse(ERRNO_DENIED)
+            }
+            Ok(Reply::Err(message)) => {
+                self.lose_connection(log);
+                self.cannot_ask(settings, verb, &Problem::Answered(message), log)
+            }
+            Ok(Reply::Ok(payload)) => {
+                self.lose_connection(log);
+                let problem = Problem::Answered(format!("OK without a ticket ({payload:?})"));
+                self.cannot_ask(settings, verb, &problem, log)
+            }
+            Err(e) => {
+                self.lose_connection(log);
+                self.cannot_ask(settings, verb, &Problem::Failed(e), log)
+            }
+        }
+    }
+
+    /// The real call admitted by `ticket` made `object`.
+    pub fn created(&mut self, pid: u32, object: usize, ticket: Ticket) {
+        self.adopt(pid);
+        if !self.valid(ticket) {
+            // The connection was lost meanwhile: the collector already
+            // released the ticket.
+            return;
+        }
+        if let Some(stale) = self.objects.insert(object, ticket) {
+            // The address was never seen destroyed (a destroy outside the
+            // hooks); its old count is gone with the object.
+            self.release_ticket(stale);
+        }
+    }
+
+    /// The real call admitted by `ticket` failed: nothing was created.
+    pub fn failed(&mut self, pid: u32, ticket: Ticket) {
+        self.adopt(pid);
+        self.release_ticket(ticket);
+    }
+
+    /// Removes `object` from the table before the real destroy runs, so
+    /// that its address cannot be reused by another thread's creation while
+    /// it is still registered. Hand the result to [`release`](Self::release)
+    /// if the destroy succeeded, to [`restore`](Self::restore) if not.
+    pub fn take(&mut self, pid: u32, object: usize) -> Option<(usize, Ticket)> {
+        self.adopt(pid);
+        self.objects.remove(&object).map(|t| (object, t))
+    }
+
+    /// The object was destroyed: its ticket goes back to the collector.
+    pub fn release(&mut self, pid: u32, taken: Option<(usize, Ticket)>) {
+        self.adopt(pid);
+        if let Some((_, ticket)) = taken {
+            self.release_ticket(ticket);
+        }
+    }
+
+    /// The destroy failed: the object lives on, and so does its ticket.
+    pub fn restore(&mut self, pid: u32, taken: Option<(usize, Ticket)>) {
+        self.adopt(pid);
+        if let Some((object, ticket)) = taken {
+            if self.valid(ticket) {
+                self.objects.insert(object, ticket);
+            }
+        }
+    }
+
+    fn valid(&self, ticket: Ticket) -> bool {
+        self.conn.is_some() && ticket.generation == self.generation
+    }
+
+    fn release_ticket(&mut self, ticket: Ticket) {
+        if !self.valid(ticket) {
+            return;
+        }
+        let Some(conn) = &mut self.conn else {
+            return;
+        };
+        match conn.request(&Request::Release { ticket: ticket.id }) {
+            // ERR here only says the collector did not know the ticket.
+            Ok(Reply::Ok(_)) | Ok(Reply::Err(_)) => {}
+            // Destroys are never refused, and a broken connection makes the
+            // collector release everything anyway: nothing to report.
+            _ => self.lose_connection(&mut Vec::new()),
+        }
+    }
+
+    /// Drops the connection: the collector releases all its tickets when it
+    /// sees the close, so the objects created so far are no longer counted.
+    fn lose_connection(&mut self, log: &mut Vec<String>) {
+        if self.conn.take().is_some() {
+            self.generation += 1;
+            let n = self.objects.len();
+            self.objects.clear();
+            if n > 0 {
+                log.push(format!(
+                    "rdma-intercept: lost the collector connection; the {n} RDMA resources \
+                     created so far are no longer counted"
+                ));
+            }
+        }
+    }
+
+    /// After `fork`, the child starts over: the inherited connection and
+    /// tickets are the parent's.
+    fn adopt(&mut self, pid: u32) {
+        if self.pid == pid {
+            return;
+        }
+        if self.pid != 0 {
+            // Closing our copy of the descriptor leaves the parent's open.
+            self.conn = None;
+            self.objects.clear();
+            self.generation += 1;
+        }
+        self.pid = pid;
+    }
+
+    fn cannot_ask(
+        &mut self,
+        settings: &Settings,
+        verb: Verb,
+        problem: &Problem,
+        log: &mut Vec<String>,
+    ) -> Decision {
+        let path = settings.collector.display();
+        match settings.fail {
+            FailMode::Closed => {
+                log.push(format!(
+                    "rdma-intercept: collector at {path} {problem}; refusing {verb} \
+                     (RDMA_INTERCEPT_FAIL=closed)"
+                ));
+                Decision::Refuse(ERRNO_NO_COLLECTOR)
+            }
+            FailMode::Open => {
+                if !std::mem::replace(&mut self.warned_open, true) {
+                    log.push(format!(
+                        "rdma-intercept: collector at {path} {problem}; allowing RDMA resources \
+                         without quota checks (RDMA_INTERCEPT_FAIL=open); this warning is \
+                         printed once"
+                    ));
+                }
+                Decision::Proceed(None)
+            }
+        }
+    }
+}
+
+/// Why the collector could not decide.
+enum Problem {
+    Unreachable(ClientError),
+    Failed(ClientError),
+    Answered(String),
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Unreachable(e) => write!(f, "unreachable: {e}"),
+            Problem::Failed(e) => write!(f, "failed: {e}"),
+            Problem::Answered(m) => write!(f, "answered an error: {m}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use std::sync::mpsc;
+
+    /// A scripted collector: answers each line with `respond(line)` and
+    /// reports every line it saw, and every closed connection as "<close>".
+    fn collector(
+        respond: fn(&str) -> String,
+    ) -> (tempfile::TempDir, Settings, mpsc::Receiver<String>) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("collector.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                    let mut writer = stream;
+                    loop {
+                        let mut line = String::new();
+                        match reader.read_line(&mut line) {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                        let _ = tx.send(line.trim_end().to_owned());
+                        let reply = respond(line.trim_end());
+                        if reply.is_empty() || writer.write_all(reply.as_bytes()).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = tx.send("<close>".to_owned());
+                });
+            }
+        });
+        let settings = Settings::from_vars(Some(path.as_os_str()), None);
+        (dir, settings, rx)
+    }
+
+    fn ticket_for_qp_deny_mr(line: &str) -> String {
+        match line {
+            "ADMIT QP_CREATE" => "OK 7\n".into(),
+            l if l.starts_with("ADMIT MR_REG") => {
+                "DENY MR_BYTES limit 1 would be exceeded\n".into()
+            }
+            l if l.starts_with("RELEASE") => "OK\n".into(),
+            _ => "ERR unexpected\n".into(),
+        }
+    }
+
+    fn recv(rx: &mpsc::Receiver<String>) -> String {
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("collector saw a line")
+    }
+
+    #[test]
+    fn admitted_objects_are_released_on_destroy() {
+        let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let Decision::Proceed(Some(ticket)) =
+            state.admit(1, &settings, Verb::QpCreate, None, &mut log)
+        else {
+            panic!("not admitted: {log:?}");
+        };
+        assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        state.created(1, 0x1000, ticket);
+        assert_eq!(state.tracked(), 1);
+        // A failed destroy keeps the ticket; a successful one releases it.
+        let taken = state.take(1, 0x1000);
+        state.restore(1, taken);
+        assert_eq!(state.tracked(), 1);
+        let taken = state.take(1, 0x1000);
+        state.release(1, taken);
+        assert_eq!(recv(&seen), "RELEASE 7");
+        assert_eq!(state.tracked(), 0);
+        // Unknown objects (created before the preload, or uncounted) are ignored.
+        let taken = state.take(1, 0x2000);
+        state.release(1, taken);
+        assert!(log.is_empty(), "{log:?}");
+    }
+
+    #[test]
+    fn a_failed_creation_gives_its_ticket_back() {
+        let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
+        let mut state = Interceptor::new();
+        let Decision::Proceed(Some(ticket)) =
+            state.admit(1, &settings, Verb::QpCreate, None, &mut Vec::new())
+        else {
+            panic!("not admitted");
+        };
+        state.failed(1, ticket);
+        assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        assert_eq!(recv(&seen), "RELEASE 7");
+        assert_eq!(state.tracked(), 0);
+    }
+
+    #[test]
+    fn deny_refuses_with_edquot_and_the_reason() {
+        let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let decision = state.admit(1, &settings, Verb::MrReg, Some(4096), &mut log);
+        assert_eq!(decision, Decision::Refuse(libc::EDQUOT));
+        assert_eq!(recv(&seen), "ADMIT MR_REG 4096");
+        assert_eq!(
+            log,
+            ["rdma-intercept: MR_REG refused: MR_BYTES limit 1 would be exceeded"]
+        );
+        assert!(state.connected(), "a refusal keeps the connection");
+    }
+
+    #[test]
+    fn unreachable_collector_fails_closed_by_default_and_open_on_request() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("nobody.sock");
+        let closed = Settings::from_vars(Some(path.as_os_str()), None);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        for _ in 0..2 {
+            let d = state.admit(1, &closed, Verb::PdAlloc, None, &mut log);
+            assert_eq!(d, Decision::Refuse(libc::EACCES));
+        }
+        assert_eq!(log.len(), 2, "one line per refusal");
+        assert_eq!(
+            log[0],
+            format!(
+                "rdma-intercept: collector at {} unreachable: connect: No such file or \
+                 directory (os error 2); refusing PD_ALLOC (RDMA_INTERCEPT_FAIL=closed)",
+                path.display()
+            )
+        );
+
+        let open = Settings::from_vars(Some(path.as_os_str()), Some("open".as_ref()));
+        let mut log = Vec::new();
+        for _ in 0..3 {
+            let d = state.admit(1, &open, Verb::CqCreate, None, &mut log);
+            assert_eq!(d, Decision::Proceed(None));
+        }
+        assert_eq!(log.len(), 1, "the open warning is printed once: {log:?}");
+        assert!(log[0].contains("allowing RDMA resources without quota checks"));
+    }
+
+    #[test]
+    fn unknown_fail_mode_warns_once_and_stays_closed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("nobody.sock");
+        let s = Settings::from_vars(Some(path.as_os_str()), Some("opne".as_ref()));
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        state.admit(1, &s, Verb::QpCreate, None, &mut log);
+        state.admit(1, &s, Verb::QpCreate, None, &mut log);
+        let warnings = log.iter().filter(|l| l.contains("\"opne\"")).count();
+        assert_eq!(warnings, 1, "{log:?}");
+        assert_eq!(log.len(), 3);
+    }
+
+    #[test]
+    fn err_and_bad_replies_drop_the_connection_and_apply_the_fail_mode() {
+        let (_dir, settings, seen) = collector(|l| {
+            if l == "ADMIT QP_CREATE" {
+                "OK 1\n".into()
+            } else {
+                "ERR too many connections for uid 0\n".into()
+            }
+        });
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let Decision::Proceed(Some(t)) = state.admit(1, &settings, Verb::QpCreate, None, &mut log)
+        else {
+            panic!("not admitted");
+        };
+        state.created(1, 0x10, t);
+        let d = state.admit(1, &settings, Verb::CqCreate, None, &mut log);
+        assert_eq!(d, Decision::Refuse(libc::EACCES));
+        assert!(!state.connected());
+        assert_eq!(state.tracked(), 0, "the lost connection's tickets are gone");
+        assert!(log[0].contains("the 1 RDMA resources created so far are no longer counted"));
+        assert!(log[1].contains("answered an error: too many connections for uid 0"));
+        assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        assert_eq!(recv(&seen), "<close>");
+        // Destroying the old object sends nothing on the next connection.
+        let taken = state.take(1, 0x10);
+        state.release(1, taken);
+        assert!(seen.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn a_forked_child_starts_over_and_never_releases_parent_tickets() {
+        let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
+        let mut state = Interceptor::new();
+        let Decision::Proceed(Some(t)) =
+            state.admit(100, &settings, Verb::QpCreate, None, &mut Vec::new())
+        else {
+            panic!("not admitted");
+        };
+        state.created(100, 0x10, t);
+        assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        // Same state seen from pid 101 (the child after fork).
+        let taken = state.take(101, 0x10);
+        assert_eq!(taken, None);
+        assert!(
+            !state.connected(),
+            "the child must not use the parent's connection"
+        );
+        let Decision::Proceed(Some(t2)) =
+            state.admit(101, &settings, Verb::QpCreate, None, &mut Vec::new())
+        else {
+            panic!("child not admitted");
+        };
+        assert_ne!(t, t2, "the child's ticket belongs to its own connection");
+        // Two server threads: the old connection's close and the new one's request.
+        let mut lines = [recv(&seen), recv(&seen)];
+        lines.sort();
+        assert_eq!(lines, ["<close>", "ADMIT QP_CREATE"]);
+    }
+
+    #[test]
+    fn a_ticket_from_a_lost_connection_is_not_recorded() {
+        let (_dir, settings, _seen) = collector(|l| {
+            if l == "ADMIT QP_CREATE" {
+                "OK 3\n".into()
+            } else {
+                String::new() // hang up
+            }
+        });
+        let mut state = Interceptor::new();
+        let Decision::Proceed(Some(t)) =
+            state.admit(1, &settings, Verb::QpCreate, None, &mut Vec::new())
+        else {
+            panic!("not admitted");
+        };
+        // Another thread's call lost the connection while this one created.
+        let d = state.admit(1, &settings, Verb::PdAlloc, None, &mut Vec::new());
+        assert_eq!(d, Decision::Refuse(libc::EACCES));
+        state.created(1, 0x20, t);
+        assert_eq!(state.tracked(), 0);
+    }
+}

@@ -1,0 +1,55 @@
+//! `librdma_intercept.so`: RDMA resource quotas for *unmodified* libibverbs
+//! programs, through `LD_PRELOAD`.
+//!
+//! ```text
+//! rdma-collector --socket /run/rdma-monitor/collector.sock --limit QP_COUNT=64 &
+//! LD_PRELOAD=librdma_intercept.so ibv_rc_pingpong -d rxe-a -g 1
+//! ```
+//!
+//! The object exports `ibv_create_qp`, `ibv_destroy_qp`, `ibv_alloc_pd`,
+//! `ibv_dealloc_pd`, `ibv_create_cq`, `ibv_destroy_cq`, `ibv_reg_mr`,
+//! `ibv_reg_mr_iova`, `ibv_reg_mr_iova2`, `ibv_reg_dmabuf_mr` and
+//! `ibv_dereg_mr`. Before a creation it asks the collector daemon (the
+//! `telemetry_ebpf::collector` module, binary `rdma-collector`) over a Unix
+//! socket; a refused creation returns NULL with `errno = EDQUOT` and prints
+//! one line to stderr:
+//!
+//! ```text
+//! rdma-intercept: QP_CREATE refused: QP_COUNT limit 1 reached globally (1 live)
+//! ```
+//!
+//! Destructions are never refused; they give the resource's ticket back.
+//! When the process exits (or crashes), the collector sees its connection
+//! close and releases all its tickets.
+//!
+//! # Environment
+//!
+//! - `RDMA_COLLECTOR`: the collector's socket (default
+//!   [`intercept::DEFAULT_COLLECTOR`]).
+//! - `RDMA_INTERCEPT_FAIL`: `closed` (default) refuses creations when the
+//!   collector cannot be asked (`errno = EACCES`, one stderr line per
+//!   refusal); `open` lets them through uncounted after a one-time warning.
+//!
+//! # Protocol
+//!
+//! See [`protocol`]: line-based UTF-8, one request and one reply at a time,
+//! lines of at most 512 bytes. The collector identifies the client by
+//! `SO_PEERCRED`, never by anything the client says.
+//!
+//! # What it cannot stop
+//!
+//! `LD_PRELOAD` only shadows symbols that are bound through the dynamic
+//! linker's global scope. A program gets around it by not being dynamically
+//! linked that way: a static libibverbs, `dlopen("libibverbs.so.1",
+//! RTLD_LOCAL)` + `dlsym(handle, ...)` (as the `sideway` crate does), the
+//! inline `ibv_create_qp_ex` / `ibv_create_cq_ex` (which call the provider
+//! through function pointers), raw `ioctl`s on `/dev/infiniband/uverbs*`,
+//! unsetting `LD_PRELOAD`, or a setuid program (the loader ignores it). It
+//! can also lie to the collector, e.g. send `RELEASE` for live resources.
+//! This layer gives quotas with clear errors to cooperating programs; the
+//! kernel's rdma cgroup controller is the boundary against hostile ones.
+
+pub mod client;
+pub mod hooks;
+pub mod intercept;
+pub mod protocol;

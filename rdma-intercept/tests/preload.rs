@@ -1,0 +1,187 @@
+//! The preloaded object in a real process, on a host without RDMA: the
+//! refusal paths never reach libibverbs' real functions, so null objects are
+//! safe. What admitted calls do on real devices is the lab's test
+//! (tests/tests/intercept_lab.rs).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The pid of a connected peer (`SO_PEERCRED`).
+fn peer_pid(stream: &UnixStream) -> i32 {
+    // SAFETY: all-zero is a valid ucred; getsockopt fills it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` outlive the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "SO_PEERCRED");
+    cred.pid
+}
+
+/// A collector stand-in that DENYs everything and reports each request
+/// line, and for each connection "connect <pid>" first.
+fn denying_collector(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<String>) {
+    let path = dir.join("collector.sock");
+    let listener = UnixListener::bind(&path).expect("bind");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let tx = tx.clone();
+            let _ = tx.send(format!("connect {}", peer_pid(&stream)));
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut writer = stream;
+                let mut line = String::new();
+                while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                    let _ = tx.send(line.trim_end().to_owned());
+                    let reply = format!("DENY test limit for {}\n", line.trim_end());
+                    if writer.write_all(reply.as_bytes()).is_err() {
+                        break;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    (path, rx)
+}
+
+fn libibverbs_installed() -> bool {
+    // SAFETY: loading a system library by soname, to probe for it.
+    let handle = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_LAZY) };
+    !handle.is_null()
+}
+
+fn probe(call: &str, env: &[(&str, &Path)]) -> Output {
+    probe_args(&[call], env)
+}
+
+fn probe_args(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(common::example("preload-probe"));
+    cmd.args(args)
+        .env("LD_PRELOAD", common::cdylib())
+        .env_remove("RDMA_INTERCEPT_FAIL");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("running preload-probe")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn refused_creations_return_null_with_edquot_and_say_why() {
+    if !libibverbs_installed() {
+        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (socket, seen) = denying_collector(dir.path());
+    let cases = [
+        ("create_qp", "ADMIT QP_CREATE", "QP_CREATE"),
+        ("alloc_pd", "ADMIT PD_ALLOC", "PD_ALLOC"),
+        ("create_cq", "ADMIT CQ_CREATE", "CQ_CREATE"),
+        ("reg_mr", "ADMIT MR_REG 4096", "MR_REG"),
+        ("reg_mr_iova2", "ADMIT MR_REG 4096", "MR_REG"),
+    ];
+    for (call, request, verb) in cases {
+        let out = probe(call, &[("RDMA_COLLECTOR", &socket)]);
+        assert!(out.status.success(), "{call}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "null errno=122\n", "{call}: EDQUOT");
+        assert_eq!(
+            text(&out.stderr),
+            format!("rdma-intercept: {verb} refused: test limit for {request}\n"),
+            "{call}"
+        );
+        let connect = seen
+            .recv_timeout(Duration::from_secs(5))
+            .expect("connected");
+        assert!(connect.starts_with("connect "), "{connect}");
+        let line = seen
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the collector was asked");
+        assert_eq!(line, request, "{call}");
+    }
+    // One request per call: nothing else was sent.
+    assert!(seen.recv_timeout(Duration::from_millis(100)).is_err());
+}
+
+#[test]
+fn without_a_collector_creations_fail_closed() {
+    if !libibverbs_installed() {
+        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("absent.sock");
+    let out = probe("create_qp", &[("RDMA_COLLECTOR", &socket)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "null errno=13\n", "EACCES");
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "rdma-intercept: collector at {} unreachable: connect: No such file or directory \
+             (os error 2); refusing QP_CREATE (RDMA_INTERCEPT_FAIL=closed)\n",
+            socket.display()
+        )
+    );
+}
+
+#[test]
+fn a_forked_child_asks_on_its_own_connection() {
+    if !libibverbs_installed() {
+        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (socket, seen) = denying_collector(dir.path());
+    let out = probe_args(&["create_qp", "--fork"], &[("RDMA_COLLECTOR", &socket)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0], "null errno=122");
+    let child_pid: i32 = lines[1]
+        .strip_prefix("child null errno=122 pid=")
+        .unwrap_or_else(|| panic!("child line {:?}", lines[1]))
+        .parse()
+        .expect("pid");
+    let mut events: Vec<String> = (0..4)
+        .map(|_| seen.recv_timeout(Duration::from_secs(5)).expect("event"))
+        .collect();
+    // Each connection's "connect" precedes its request; across the two
+    // connections the order is the scheduler's.
+    let connects: Vec<i32> = events
+        .iter()
+        .filter_map(|e| e.strip_prefix("connect "))
+        .map(|p| p.parse().expect("pid"))
+        .collect();
+    assert_eq!(connects.len(), 2, "two connections: {events:?}");
+    assert!(
+        connects.contains(&child_pid),
+        "{connects:?} vs child {child_pid}"
+    );
+    assert_ne!(
+        connects[0], connects[1],
+        "parent and child each have their own"
+    );
+    events.retain(|e| !e.starts_with("connect "));
+    assert_eq!(events, ["ADMIT QP_CREATE", "ADMIT QP_CREATE"]);
+}

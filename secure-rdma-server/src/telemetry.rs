@@ -1,0 +1,81 @@
+//! `--telemetry`: eBPF control-path telemetry inside the server, or the
+//! server's own counts when eBPF is not available. Wiring only.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use secure_rdma::quota::Quotas;
+use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
+use telemetry_ebpf::report::{self, Sampler};
+use tokio::sync::watch;
+
+/// Starts the probes (when it can) and a task logging one report per `every`;
+/// serves Prometheus metrics at `metrics` if given.
+pub async fn start(quotas: Quotas, every: Duration, metrics: Option<SocketAddr>) -> Result<()> {
+    let options = MonitorOptions {
+        events: false,
+        ..MonitorOptions::default()
+    };
+    let monitor = match tokio::task::spawn_blocking(move || Monitor::start(options)).await? {
+        Ok(m) => {
+            let attached = m.attach_report().iter().filter(|a| a.attached).count();
+            tracing::info!(
+                attached,
+                "telemetry: eBPF probes attached (system-wide counts)"
+            );
+            Some(m)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "telemetry: eBPF unavailable; falling back to the server's own counts");
+            None
+        }
+    };
+    let tx = match metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for --metrics"))?;
+            let (tx, rx) = watch::channel(String::new());
+            tracing::info!(addr = %listener.local_addr()?, "telemetry: Prometheus metrics at /metrics");
+            tokio::spawn(report::serve_metrics(listener, rx));
+            Some(tx)
+        }
+        None => None,
+    };
+    tokio::spawn(async move {
+        let mut sampler = Sampler::new(Some(quotas.config().clone()));
+        let mut ticker = tokio::time::interval(every);
+        loop {
+            ticker.tick().await;
+            let kernel = match monitor.as_ref().map(Monitor::counters).transpose() {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(error = %e, "telemetry: cannot read the BPF maps");
+                    None
+                }
+            };
+            let snapshot = sampler.sample(
+                Instant::now(),
+                SystemTime::now(),
+                kernel.as_ref(),
+                Some(&quotas.snapshot()),
+                &[],
+            );
+            let source = if kernel.is_some() {
+                "ebpf"
+            } else {
+                "in-process"
+            };
+            tracing::info!(
+                source,
+                report = %report::render_json(&snapshot),
+                "telemetry"
+            );
+            if let Some(tx) = &tx {
+                tx.send_replace(report::render_prometheus(&snapshot));
+            }
+        }
+    });
+    Ok(())
+}

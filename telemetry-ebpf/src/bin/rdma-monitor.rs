@@ -1,0 +1,250 @@
+//! `rdma-monitor`: eBPF telemetry of the RDMA control path, with enforced
+//! thresholds. Argument parsing and wiring only; the work is in
+//! `telemetry_ebpf::{monitor, report, collector}` and `secure_rdma::quota`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
+use telemetry_ebpf::collector::{Collector, TenantBy, DEFAULT_SOCKET};
+use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
+use telemetry_ebpf::report::{self, AttachReport, Sampler, Snapshot};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+/// Watch every process's RDMA control path (QP/PD/CQ/MR create, modify and
+/// destroy, GID queries, RDMA CM connection requests) with eBPF: system-wide
+/// live resources, calls per verb and per cgroup, calls per second.
+///
+/// Prints a timestamped report every interval (text, or one JSON object per
+/// line with --json) and serves Prometheus metrics with --metrics. Thresholds
+/// come from -c FILE ("QP_COUNT 1000", "MR_REG 200", "tenant alice QP_COUNT 4";
+/// 0 disables; '#' comments) and --limit. They are enforced on programs run
+/// with LD_PRELOAD=librdma_intercept.so through the collector socket
+/// (--collector); refusals are marked INTERCEPTED. Use the kernel's rdma
+/// cgroup (rdma.max) for limits no program can get around.
+///
+/// Needs root (or CAP_BPF and CAP_PERFMON), a kernel with BPF, BTF and
+/// kprobes. Ctrl-C stops it with a final summary.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Seconds between reports.
+    #[arg(short, long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
+    interval: Duration,
+    /// Threshold file.
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// One threshold, KEY=VALUE or tenant:NAME:KEY=VALUE; repeatable; wins over -c.
+    #[arg(long = "limit", value_name = "KEY=VALUE")]
+    limits: Vec<LimitSetting>,
+    /// One JSON object per interval instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
+    /// Run the admission collector for LD_PRELOAD=librdma_intercept.so on this socket.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = DEFAULT_SOCKET)]
+    collector: Option<PathBuf>,
+    /// What a collector tenant is: the program's user name or its cgroup's last component.
+    #[arg(long, value_name = "user|cgroup", default_value_t = TenantBy::User)]
+    tenant_by: TenantBy,
+    /// Also print every call as it happens (pid, comm, cgroup, verb, device, result, latency).
+    #[arg(long)]
+    events: bool,
+    /// Stop after this many reports.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// Run without eBPF (collector and thresholds only), e.g. without root.
+    #[arg(long, conflicts_with = "events")]
+    no_ebpf: bool,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.05..=86_400.0).contains(&secs) {
+        return Err(format!("{s} is out of range (0.05 to 86400 seconds)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() {
+    secure_rdma::logging::init(secure_rdma::logging::LogFormat::Text, "info");
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let result = runtime
+        .context("starting the async runtime")
+        .and_then(|rt| rt.block_on(run(args)));
+    if let Err(e) = result {
+        eprintln!("rdma-monitor: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let mut config = match &args.config {
+        Some(path) => QuotaConfig::load(path)?,
+        None => QuotaConfig::default(),
+    };
+    for setting in &args.limits {
+        config.apply(setting);
+    }
+    let quotas = Quotas::new(config.clone());
+
+    let mut monitor = if args.no_ebpf {
+        None
+    } else {
+        let options = MonitorOptions {
+            events: args.events,
+            ..MonitorOptions::default()
+        };
+        Some(Monitor::start(options)?)
+    };
+    let attach: Vec<AttachReport> = monitor
+        .as_ref()
+        .map(|m| m.attach_report().to_vec())
+        .unwrap_or_default();
+    if let Some(m) = &monitor {
+        let attached = attach.iter().filter(|a| a.attached).count();
+        eprintln!(
+            "rdma-monitor: {attached} of {} hooks attached",
+            attach.len()
+        );
+        for a in attach.iter().filter(|a| !a.attached) {
+            let why = a.reason.as_deref().unwrap_or("unknown reason");
+            eprintln!("rdma-monitor: not attached: {} ({}): {why}", a.hook, a.kind);
+        }
+        for verb in m.uncovered_verbs() {
+            eprintln!("rdma-monitor: warning: no hook observes {verb} on this kernel");
+        }
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    if let Some(path) = &args.collector {
+        let collector = Collector::bind(path, quotas.clone(), args.tenant_by)?;
+        eprintln!("rdma-monitor: collector listening on {}", path.display());
+        let mut stop = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = collector
+                .run(async move { while stop.changed().await.is_ok() && !*stop.borrow() {} })
+                .await
+            {
+                tracing::error!(error = %e, "collector stopped");
+            }
+        }));
+    }
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for --metrics"))?;
+            let (tx, rx) = watch::channel(String::new());
+            eprintln!(
+                "rdma-monitor: metrics at http://{}/metrics",
+                listener.local_addr()?
+            );
+            tasks.push(tokio::spawn(report::serve_metrics(listener, rx)));
+            Some(tx)
+        }
+        None => None,
+    };
+
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sampler = Sampler::new(Some(config));
+    let started = Instant::now();
+    // The first sample is the baseline of the first interval's rates.
+    let mut take = |monitor: &Option<Monitor>| -> Result<Snapshot> {
+        let kernel = monitor.as_ref().map(Monitor::counters).transpose()?;
+        Ok(sampler.sample(
+            Instant::now(),
+            SystemTime::now(),
+            kernel.as_ref(),
+            Some(&quotas.snapshot()),
+            &attach,
+        ))
+    };
+    take(&monitor)?;
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
+    let mut reports = 0u64;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                let snapshot = take(&monitor)?;
+                emit(&snapshot, args.json, false);
+                if let Some(tx) = &metrics {
+                    tx.send_replace(report::render_prometheus(&snapshot));
+                }
+                reports += 1;
+                if args.count.is_some_and(|n| reports >= n) {
+                    break;
+                }
+            }
+            events = next_events(&mut monitor) => {
+                for e in events? {
+                    if args.json {
+                        println!("{}", serde_json::json!({
+                            "event": {
+                                "pid": e.pid, "comm": e.comm, "cgroup_id": e.cgroup_id,
+                                "verb": e.verb.name(), "device": e.device,
+                                "result": e.result, "latency_ns": e.latency_ns,
+                            }
+                        }));
+                    } else {
+                        println!(
+                            "event pid={} comm={} cgroup={} {} device={} result={} latency={}us",
+                            e.pid, e.comm, e.cgroup_id, e.verb, e.device, e.result, e.latency_ns / 1000
+                        );
+                    }
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    let _ = stop_tx.send(true);
+    let mut last = take(&monitor)?;
+    // The final report covers the whole run.
+    last.interval = started.elapsed();
+    emit(&last, args.json, true);
+    for task in tasks {
+        task.abort();
+    }
+    drop(monitor);
+    if reports == 0 && args.count.is_some() {
+        bail!("stopped before the first report");
+    }
+    Ok(())
+}
+
+/// Events from the monitor, or never when there is no monitor or events are off.
+async fn next_events(monitor: &mut Option<Monitor>) -> Result<Vec<telemetry_ebpf::monitor::Event>> {
+    match monitor {
+        Some(m) => Ok(m.next_events().await?),
+        None => std::future::pending().await,
+    }
+}
+
+fn emit(snapshot: &Snapshot, json: bool, last: bool) {
+    if json {
+        let mut v = report::render_json(snapshot);
+        if last {
+            v["final"] = serde_json::Value::Bool(true);
+        }
+        println!("{v}");
+    } else {
+        if last {
+            println!("=== rdma-monitor final summary ===");
+        }
+        print!("{}", report::render_text(snapshot));
+        println!();
+    }
+}
