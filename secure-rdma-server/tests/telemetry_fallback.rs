@@ -1,0 +1,79 @@
+//! `secure-server --telemetry` on a machine where eBPF cannot run (no kprobes,
+//! no root): a warning, then reports of the server's own counts. On the lab VM
+//! the eBPF side is tested instead (tests/tests/monitor_lab.rs).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn telemetry_falls_back_to_in_process_counts_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--telemetry",
+            "--telemetry-interval",
+            "1",
+            "--limit",
+            "QP_COUNT=3",
+            "--log-format",
+            "json",
+            "--certs",
+        ])
+        .arg(dir.path().join("certs"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn secure-server");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut fell_back = false;
+    let mut report = None;
+    while report.is_none() && Instant::now() < deadline {
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let msg = v["fields"]["message"]
+            .as_str()
+            .or(v["message"].as_str())
+            .unwrap_or("");
+        if msg.contains("eBPF unavailable") {
+            fell_back = true;
+        }
+        if msg == "telemetry" {
+            report = Some(v);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let v = report.expect("a telemetry report within 60 s");
+    let fields = if v["fields"].is_object() {
+        &v["fields"]
+    } else {
+        &v
+    };
+    let source = fields["source"].as_str().unwrap_or("");
+    if fell_back {
+        assert_eq!(source, "in-process", "{v}");
+    } else {
+        assert_eq!(source, "ebpf", "{v}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(fields["report"].as_str().expect("report")).expect("JSON report");
+    assert_eq!(report["config"]["global"]["QP_COUNT"], 3);
+    assert_eq!(report["live"]["QP"], 0);
+}

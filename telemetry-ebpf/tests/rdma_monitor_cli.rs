@@ -1,0 +1,135 @@
+//! `rdma-monitor` as a user runs it on a machine without the lab: clear errors
+//! for what is missing or wrong, and reports without eBPF (`--no-ebpf`). The
+//! probes themselves are tested in the VM (tests/tests/monitor_lab.rs).
+
+use std::process::{Command, Output};
+
+fn rdma_monitor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rdma-monitor"))
+        .args(args)
+        .output()
+        .expect("run rdma-monitor")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn without_probes_it_names_what_is_missing() {
+    // Whatever this machine lacks (privileges, BPF, BTF, kprobes, RDMA hooks),
+    // the one error line says which.
+    let out = rdma_monitor(&["-i", "0.1", "--count", "1"]);
+    if out.status.success() {
+        return; // a machine with kprobes and ib_core: nothing is missing
+    }
+    let err = stderr(&out);
+    assert!(err.starts_with("rdma-monitor: error: "), "{err}");
+    let named = [
+        "kprobes are not supported",
+        "needs root",
+        "no BPF support",
+        "kernel BTF is missing",
+        "no RDMA hook could be attached",
+        "built without its BPF object",
+    ];
+    assert!(named.iter().any(|n| err.contains(n)), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn no_ebpf_reports_the_thresholds_as_json_and_a_final_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("quota.conf");
+    std::fs::write(
+        &conf,
+        "QP_COUNT 1000  # live QPs\nMR_REG 200\ntenant alice QP_COUNT 4\n",
+    )
+    .unwrap();
+    let out = rdma_monitor(&[
+        "--no-ebpf",
+        "--json",
+        "-i",
+        "0.1",
+        "--count",
+        "2",
+        "-c",
+        &conf.to_string_lossy(),
+        "--limit",
+        "QP_CREATE=100",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reports: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 3, "two interval reports and the final one");
+    assert_eq!(reports[2]["final"], true);
+    let config = &reports[0]["config"];
+    assert_eq!(config["global"]["QP_COUNT"], 1000);
+    assert_eq!(config["global"]["MR_REG"], 200);
+    assert_eq!(config["global"]["QP_CREATE"], 100);
+    assert_eq!(config["tenants"]["alice"]["QP_COUNT"], 4);
+    assert_eq!(reports[1]["live"]["QP"], 0);
+}
+
+#[test]
+fn text_reports_have_the_sections() {
+    let out = rdma_monitor(&[
+        "--no-ebpf",
+        "-i",
+        "0.1",
+        "--count",
+        "1",
+        "--limit",
+        "QP_COUNT=4",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for section in [
+        "Interception configuration:",
+        "QP_COUNT 4",
+        "Resource counts:",
+        "Per-cgroup statistics:",
+        "Operation frequency:",
+        "=== rdma-monitor final summary ===",
+    ] {
+        assert!(text.contains(section), "{section:?} missing:\n{text}");
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("bad.conf");
+    std::fs::write(&conf, "QP_COUNT 10\nQP_CONT 5\n").unwrap();
+    let conf = conf.to_string_lossy().into_owned();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--no-ebpf", "-c", &conf],
+            "bad.conf:2: unknown key \"QP_CONT\"",
+        ),
+        (
+            &["--no-ebpf", "-c", "/nonexistent/q.conf"],
+            "/nonexistent/q.conf",
+        ),
+        (
+            &["--no-ebpf", "--limit", "QP_DESTROY=1"],
+            "destruction is never limited",
+        ),
+        (&["--no-ebpf", "--limit", "QP_COUNT=many"], "QP_COUNT"),
+        (&["--no-ebpf", "-i", "0"], "out of range"),
+        (&["--no-ebpf", "-i", "soon"], "\"soon\" is not a number"),
+        (
+            &["--no-ebpf", "--metrics", "not-an-address"],
+            "not-an-address",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = rdma_monitor(args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
