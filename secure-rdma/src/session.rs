@@ -379,14 +379,7 @@ impl Session {
     /// Waits (without timeout: the caller selects on it) for the next SEND or
     /// WRITE the peer makes land, and re-posts its receive slot.
     pub async fn arrival(&mut self) -> Result<Arrival, SessionError> {
-        let wc = self
-            .qp
-            .recv_cq()
-            .next_ok(
-                "an incoming operation",
-                Duration::from_secs(u32::MAX as u64),
-            )
-            .await?;
+        let wc = self.qp.recv_cq().next_ok_unbounded().await?;
         let bs = self.config.buffer_size;
         let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
         if slot >= self.config.recv_slots {

@@ -262,15 +262,20 @@ impl CompletionQueue {
     /// Like [`CompletionQueue::next`], but an error status is an error, and
     /// `what` names the awaited operation in a timeout.
     pub async fn next_ok(&self, what: &str, timeout: Duration) -> Result<Completion, VerbsError> {
-        let wc = match tokio::time::timeout(timeout, self.wait()).await {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(VerbsError::Timeout {
-                    what: what.to_owned(),
-                    after: timeout,
-                })
-            }
-        };
+        match tokio::time::timeout(timeout, self.next_ok_unbounded()).await {
+            Ok(result) => result,
+            Err(_) => Err(VerbsError::Timeout {
+                what: what.to_owned(),
+                after: timeout,
+            }),
+        }
+    }
+
+    /// [`CompletionQueue::next_ok`] without a timeout, for a caller that races
+    /// the wait against its own deadline (an idle timer, a shutdown signal in a
+    /// `select!`): the completion that did not come is then the caller's to name.
+    pub async fn next_ok_unbounded(&self) -> Result<Completion, VerbsError> {
+        let wc = self.wait().await?;
         if wc.status.is_success() {
             Ok(wc)
         } else {

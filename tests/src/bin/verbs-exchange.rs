@@ -5,7 +5,6 @@
 //! `secure-server` / `secure-client`).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -278,7 +277,5 @@ async fn run(args: Args) -> Result<()> {
         }
     }
     println!("{report}");
-    drop(qp);
-    let _: Arc<MemoryRegion> = data_mr;
     Ok(())
 }
