@@ -28,6 +28,11 @@ pub fn require_lab() {
     }
 }
 
+/// A child's output bytes as text, for messages and `contains` checks.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
 /// Reads a netdev statistics counter.
 pub fn netdev_counter(dev: &str, counter: &str) -> u64 {
     let p = format!("/sys/class/net/{dev}/statistics/{counter}");

@@ -9,14 +9,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, spawn, wait_listening, wait_with_deadline, ADDR_A, ADDR_B};
+use secure_rdma_tests::{
+    require_lab, spawn, text, wait_listening, wait_with_deadline, ADDR_A, ADDR_B,
+};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// A running `rdma-capture --json`.
 struct CaptureProc {

@@ -7,15 +7,11 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use secure_rdma_tests::{
-    require_lab, spawn, wait_listening, wait_with_deadline, TestCgroup, ADDR_A,
+    require_lab, spawn, text, wait_listening, wait_with_deadline, TestCgroup, ADDR_A,
 };
 use telemetry_ebpf::rdma_cgroup::{self, DeviceLimit};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// An `ibv_rc_pingpong` pair on `port`: the server inside `cgroup` on rxe-a,
 /// the client outside on rxe-b. Returns (server, client) outputs.

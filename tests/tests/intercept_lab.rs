@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use secure_rdma_tests::secure::{bin, count_kind, Lines};
 use secure_rdma_tests::{
-    rdma_resources_of, require_lab, wait_listening, wait_with_deadline, ADDR_A,
+    rdma_resources_of, require_lab, text, wait_listening, wait_with_deadline, ADDR_A,
 };
 use serde_json::Value;
 
@@ -29,10 +29,6 @@ const FLOOD: &str = env!("CARGO_BIN_EXE_verbs-flood");
 const DEADLINE: Duration = Duration::from_secs(60);
 const EDQUOT: i64 = libc::EDQUOT as i64;
 const EACCES: i64 = libc::EACCES as i64;
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// The interceptor, built next to this test's binaries: `cargo build`
 /// puts it in the target directory, `cargo test` only in its `deps/`

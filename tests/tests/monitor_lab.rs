@@ -11,15 +11,11 @@ use std::time::Duration;
 
 use secure_rdma_tests::secure::{bin, client, Held, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
-    require_lab, spawn, wait_listening, wait_with_deadline, TestCgroup, ADDR_A,
+    require_lab, spawn, text, wait_listening, wait_with_deadline, TestCgroup, ADDR_A,
 };
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// A running `rdma-monitor --json`.
 struct MonitorProc {

@@ -8,13 +8,9 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use secure_rdma_tests::secure::{client, count_kind, wait_resources, Held, Pki, ServerProc};
-use secure_rdma_tests::{rdma_resources_of, require_lab, spawn, wait_with_deadline};
+use secure_rdma_tests::{rdma_resources_of, require_lab, spawn, text, wait_with_deadline};
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn once(pki: &Pki, server: &ServerProc, name: &str) -> Output {
     wait_with_deadline(

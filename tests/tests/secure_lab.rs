@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use secure_rdma_tests::secure::{client, count_kind, wait_resources, Held, Pki, ServerProc};
-use secure_rdma_tests::{rdma_resources_of, require_lab, spawn, wait_with_deadline};
+use secure_rdma_tests::{rdma_resources_of, require_lab, spawn, text, wait_with_deadline};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -19,10 +19,6 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 
 fn run(cmd: &mut Command, what: &str) -> Output {
     wait_with_deadline(spawn(cmd), DEADLINE, what)
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 #[test]

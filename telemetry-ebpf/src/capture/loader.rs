@@ -165,14 +165,7 @@ impl Capture {
 
     /// Waits until the ring buffer has data or `timeout` passes (or a signal arrives).
     pub fn wait(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd for the duration of the call; EINTR simply returns early.
-        unsafe { libc::poll(&mut pfd, 1, ms) };
+        crate::ring::wait_readable(self.ring.as_raw_fd(), timeout);
     }
 
     /// The kernel-side counters, summed over CPUs.

@@ -641,14 +641,7 @@ impl Monitor {
         if !out.is_empty() {
             return out;
         }
-        let mut pfd = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd. EINTR (a signal) just returns early.
-        unsafe { libc::poll(&mut pfd, 1, ms) };
+        crate::ring::wait_readable(self.ring.as_raw_fd(), timeout);
         self.drain_events()
     }
 
