@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use telemetry_ebpf::decode::follow::{FollowConfig, Follower, PsnEvent};
+use telemetry_ebpf::decode::follow::{FollowConfig, Follower, PsnEvent, Stream};
 use telemetry_ebpf::decode::stats::Stats;
 use telemetry_ebpf::decode::{decode_ethernet, Packet};
 
@@ -150,7 +150,8 @@ fn follows_both_directions_of_a_qp() {
         (s_b.gaps, s_b.missing, s_b.duplicates, s_b.retransmissions),
         (1, 1, 1, 2)
     );
-    assert_eq!((s_b.requests, s_b.responses), (8, 0));
+    let (k_b, _) = summaries.iter().find(|(k, _)| k.dest_qp == QP_B).unwrap();
+    assert_eq!(k_b.stream, Stream::Requests);
     let (k_a, s_a) = summaries
         .iter()
         .find(|(k, _)| k.dest_qp == QP_A)
@@ -160,15 +161,10 @@ fn follows_both_directions_of_a_qp() {
         k_a.src.map(|s| s.to_string()),
         Some("10.0.0.2:49664".into())
     );
+    assert_eq!(k_a.stream, Stream::Responses);
     assert_eq!(
-        (
-            s_a.packets,
-            s_a.responses,
-            s_a.naks,
-            s_a.coalesced,
-            s_a.gaps
-        ),
-        (7, 7, 1, 1, 0)
+        (s_a.packets, s_a.naks, s_a.coalesced, s_a.gaps),
+        (7, 1, 1, 0)
     );
 }
 
@@ -222,4 +218,144 @@ fn stats_over_the_conversation() {
     assert!(text.contains("bad ICRC 1"), "{text}");
     let json = serde_json::to_value(&stats).unwrap();
     assert_eq!(json["by_opcode"]["RC SEND Only"]["packets"], 5);
+}
+
+/// The race the lab met: when each side of a connection starts with a SEND, the peer's first
+/// request can reach the wire before anything addressed to the followed QP, so nothing pairs
+/// its direction yet. Following QP B must still show it: live, once the pairing response
+/// arrives; from a file, in the file's order.
+#[test]
+fn the_peers_request_before_the_first_pairing_is_shown_not_lost() {
+    use telemetry_ebpf::capture::offline::replay;
+    use telemetry_ebpf::capture::processor::{Output, Processor, ProcessorConfig};
+    use telemetry_ebpf::capture::record::{Record, Source};
+    use telemetry_ebpf::decode::pcap::{LinkType, PcapWriter, Resolution, Timestamp};
+
+    // B's confirmation SEND to A leaves first; then A's SEND to B; then the ACKs.
+    let from_b = |code: u8, psn: u32| {
+        let mut p = resp(code, psn, 0x1f);
+        if code == 0x04 {
+            p = Pkt::new(0x04).dqpn(QP_A).psn(psn).payload(b"token");
+            (p.src_ip4, p.dst_ip4, p.src_port) = (B, A, 0xc200);
+        }
+        p
+    };
+    let unrelated = {
+        let mut p = req(0x04, 0x777).dqpn(0x300);
+        p.src_port = 0xc300;
+        p
+    };
+    let pkts = [
+        from_b(0x04, 0x500),                 // to QP A: B's first request, unpaired
+        unrelated.clone(),                   // to QP 0x300: another QP pair, never shown
+        req(0x04, 0x900),                    // to QP B: A's first request
+        req(0x11, 0x500).ext(aeth(0x1f, 1)), // to QP B: A's ACK of B's SEND
+        from_b(0x11, 0x900),                 // to QP A: B's ACK of A's SEND
+    ];
+    let frames: Vec<Vec<u8>> = pkts.iter().map(Pkt::frame).collect();
+    let config = ProcessorConfig {
+        qpn: Some(QP_B),
+        output: Output::Json,
+        ..ProcessorConfig::default()
+    };
+    let psns = |lines: &[String]| -> Vec<(u64, u64)> {
+        lines
+            .iter()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let bth = &v["bth"];
+                (
+                    bth["dest_qp"].as_u64().unwrap(),
+                    bth["psn"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let a = u64::from(QP_A);
+    let b = u64::from(QP_B);
+
+    // Live: each record's lines, in the order they are printed.
+    let mut live = Processor::new(config.clone(), Some(Vec::new()), 2048).unwrap();
+    let printed: Vec<Vec<String>> = frames
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let record = Record {
+                ifindex: 1,
+                source: Source::Ingress,
+                orig_len: f.len() as u32,
+                ktime_ns: 0,
+                data: f,
+            };
+            live.process(&record, Timestamp::new(1_700_000_000, i as u32))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        printed[0],
+        Vec::<String>::new(),
+        "held: nothing pairs it yet"
+    );
+    assert_eq!(printed[1], Vec::<String>::new(), "another QP");
+    assert_eq!(psns(&printed[2]), [(b, 0x900)]);
+    // A's ACK of PSN 0x500 pairs B's direction: the held SEND comes out first.
+    assert_eq!(psns(&printed[3]), [(a, 0x500), (b, 0x500)]);
+    assert_eq!(psns(&printed[4]), [(a, 0x900)]);
+    let first: serde_json::Value = serde_json::from_str(&printed[3][0]).unwrap();
+    assert_eq!(first["psn_event"]["event"], "first");
+    assert_eq!(live.shown(), 4);
+    let summary = live.summary(Default::default());
+    // Each direction carries two independent PSN sequences, the sender's requests and its
+    // responses to the other side's; mixed into one, 0x500 then 0x900 would be a "gap".
+    let flows: Vec<(u32, Stream, u32, u64, u64)> = summary
+        .flows
+        .iter()
+        .map(|f| {
+            let s = &f.summary;
+            (
+                f.flow.dest_qp,
+                f.flow.stream,
+                s.first_psn,
+                s.packets,
+                s.gaps,
+            )
+        })
+        .collect();
+    assert_eq!(
+        flows,
+        [
+            (QP_B, Stream::Requests, 0x900, 1, 0),
+            (QP_B, Stream::Responses, 0x500, 1, 0),
+            (QP_A, Stream::Requests, 0x500, 1, 0),
+            (QP_A, Stream::Responses, 0x900, 1, 0),
+        ]
+    );
+    // The pcap holds the same four packets.
+    let saved = live.finish().unwrap().unwrap();
+    let (_, records) = telemetry_ebpf::decode::pcap::read(&saved).unwrap();
+    assert_eq!(records.count(), 4);
+
+    // From a file: every packet of the connection, in the file's order.
+    let mut w = PcapWriter::new(Vec::new(), LinkType::Ethernet, 2048, Resolution::Nanos).unwrap();
+    for (i, f) in frames.iter().enumerate() {
+        w.write_packet(Timestamp::new(1_700_000_000, i as u32), f, f.len())
+            .unwrap();
+    }
+    let file = w.into_inner().unwrap();
+    let mut offline = Processor::new(config, None::<Vec<u8>>, 2048).unwrap();
+    let mut lines = Vec::new();
+    replay(
+        &file,
+        &mut offline,
+        |l| {
+            lines.push(l);
+            Ok(())
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        psns(&lines),
+        [(a, 0x500), (b, 0x900), (b, 0x500), (a, 0x900)]
+    );
 }

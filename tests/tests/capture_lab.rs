@@ -287,42 +287,46 @@ fn secure_session_on_the_wire_matches_operations_psns_icrcs_and_tshark() {
         .as_array()
         .expect("flows")
         .clone();
-    assert_eq!(flows.len(), 2, "{flows:#?}");
-    let to = |addr: &str| {
+    // Each direction is two PSN sequences: its sender's requests, and its ACKs of the other
+    // side's requests.
+    assert_eq!(flows.len(), 4, "{flows:#?}");
+    let flow = |addr: &str, stream: &str| {
         flows
             .iter()
             .find(|f| {
-                f["flow"]["dst"]
-                    .as_str()
-                    .is_some_and(|d| d.starts_with(&format!("{addr}:")))
+                f["flow"]["stream"] == stream
+                    && f["flow"]["dst"]
+                        .as_str()
+                        .is_some_and(|d| d.starts_with(&format!("{addr}:")))
             })
-            .unwrap_or_else(|| panic!("no flow to {addr}: {flows:#?}"))["summary"]
+            .unwrap_or_else(|| panic!("no {stream} to {addr}: {flows:#?}"))["summary"]
             .clone()
     };
-    let (server_flow, client_flow) = (to(ADDR_A), to(ADDR_B));
-    // A direction carries its sender's requests and its ACKs of the other side's requests, so
-    // its first PSN is whichever of the two went first: the first packet captured that way.
-    let first_psn = |towards: &dyn Fn(&Value) -> bool| {
-        session
-            .iter()
-            .find(|p| towards(p))
-            .map(|p| Value::from(psn(p)))
-    };
-    assert_eq!(
-        Some(server_flow["first_psn"].clone()),
-        first_psn(&to_server)
-    );
-    assert_eq!(
-        Some(client_flow["first_psn"].clone()),
-        first_psn(&to_client)
-    );
-    for f in [&server_flow, &client_flow] {
-        assert_eq!(f["gaps"], 0, "{f}");
+    let mut followed_packets = 0;
+    for (addr, towards) in [
+        (ADDR_A, &to_server as &dyn Fn(&Value) -> bool),
+        (ADDR_B, &to_client),
+    ] {
+        for (stream, acks) in [("requests", false), ("responses", true)] {
+            let f = flow(addr, stream);
+            let first = session
+                .iter()
+                .find(|p| towards(p) && is_ack(p) == acks)
+                .map(psn);
+            assert_eq!(f["first_psn"].as_u64(), first, "{stream} to {addr}: {f}");
+            assert_eq!(f["gaps"], 0, "{stream} to {addr}: {f}");
+            followed_packets += f["packets"].as_u64().unwrap_or(0);
+        }
     }
     assert_eq!(
-        server_flow["packets"].as_u64().unwrap_or(0) + client_flow["packets"].as_u64().unwrap_or(0),
-        session.len() as u64
+        flow(ADDR_A, "requests")["first_psn"].as_u64(),
+        client_rts["local_psn"].as_u64()
     );
+    assert_eq!(
+        flow(ADDR_B, "requests")["first_psn"].as_u64(),
+        server_rts["local_psn"].as_u64()
+    );
+    assert_eq!(followed_packets, session.len() as u64);
     println!(
         "capture: {} packets on veth-a, {} requests, first PSNs {:#08x} / {:#08x}, all ICRCs good, tshark agrees",
         session.len(),

@@ -30,7 +30,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// and receives, including traffic between two QPs of the same device, which never reaches a
 /// netdev. Needs root (or CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON). Stops on Ctrl-C, after
 /// --count packets or --duration seconds, and prints a summary: packets per opcode, bad ICRCs,
-/// kernel-side drops, and the PSN history of every followed direction.
+/// kernel-side drops, and the PSN history of every followed sequence (each direction's
+/// requests, and its responses).
 #[derive(Parser, Debug)]
 #[command(
     version,
@@ -58,7 +59,8 @@ struct Args {
     /// Print no packets, only the summary.
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// Show only this QP: packets to it and its peer's responses; flags PSN gaps, duplicates and
+    /// Show only this QP: packets to it and its peer's packets back (recognised when a response
+    /// answers a request, and printed from their first one); flags PSN gaps, duplicates and
     /// retransmissions per direction. Decimal or 0x-hex.
     #[arg(long, value_name = "QPN", value_parser = parse_qpn)]
     qpn: Option<u32>,
@@ -229,12 +231,11 @@ fn live<W: Write>(
     loop {
         capture.drain(|record| {
             match processor.process(record, wall_time(record.ktime_ns, offset)) {
-                Ok(Some(line)) => {
-                    if let Err(e) = writeln!(out, "{line}") {
+                Ok(lines) => {
+                    if let Err(e) = lines.iter().try_for_each(|line| writeln!(out, "{line}")) {
                         failure = Some(anyhow::Error::from(e).context("writing output"));
                     }
                 }
-                Ok(None) => {}
                 Err(e) => failure = Some(anyhow::Error::from(e).context("writing the pcap file")),
             }
             failure.is_none() && args.count.is_none_or(|c| processor.shown() < c)

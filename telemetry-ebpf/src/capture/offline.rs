@@ -44,8 +44,8 @@ pub enum OfflineError {
 /// assert!(lines[0].contains("\"source\":\"file\""));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn replay<W: Write>(
-    file: &[u8],
+pub fn replay<'a, W: Write>(
+    file: &'a [u8],
     processor: &mut Processor<W>,
     mut emit: impl FnMut(String) -> io::Result<()>,
     limit: Option<u64>,
@@ -56,6 +56,16 @@ pub fn replay<W: Write>(
         LinkType::Raw => Source::FileRaw,
         LinkType::Other(code) => return Err(OfflineError::LinkType(code)),
     };
+    // A file is known in advance: learn which flows belong to a followed QP first, so the
+    // peer's packets show in file order from the first one.
+    let as_live = |record: pcap::Record<'a>| Record {
+        ifindex: 0,
+        source,
+        orig_len: record.orig_len,
+        ktime_ns: 0,
+        data: record.data,
+    };
+    processor.learn_flows(pcap::read(file)?.1.map(|r| r.map(as_live)));
     let mut read = 0;
     for record in records {
         if limit.is_some_and(|l| processor.shown() >= l) {
@@ -63,14 +73,8 @@ pub fn replay<W: Write>(
         }
         let record = record?;
         read += 1;
-        let live = Record {
-            ifindex: 0,
-            source,
-            orig_len: record.orig_len,
-            ktime_ns: 0,
-            data: record.data,
-        };
-        if let Some(line) = processor.process(&live, record.ts)? {
+        let ts = record.ts;
+        for line in processor.process(&as_live(record), ts)? {
             emit(line)?;
         }
     }

@@ -4,7 +4,7 @@
 //! by hand; the binary only feeds it records from the ring buffer.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
@@ -32,7 +32,11 @@ pub enum Output {
 /// Settings of a [`Processor`].
 #[derive(Clone, Debug, Default)]
 pub struct ProcessorConfig {
-    /// Show only this QP's traffic: packets to it and its peer's packets back (paired by PSN).
+    /// Show only this QP's traffic: packets to it and its peer's packets back, paired by PSN
+    /// (a response in one direction answering a request in the other). The peer's packets
+    /// that come before the first pairing response are held back and shown when it arrives;
+    /// a file is scanned once beforehand instead ([`Processor::learn_flows`]), so its output
+    /// keeps the file's order.
     pub qpn: Option<u32>,
     /// Show only these opcode classes.
     pub classes: ClassFilter,
@@ -70,8 +74,8 @@ pub struct KernelCounters {
 ///     ktime_ns: 0,
 ///     data: &frame,
 /// };
-/// let line = p.process(&record, Timestamp::new(1_700_000_000, 0))?.unwrap();
-/// assert!(line.contains("\"RC Acknowledge\""));
+/// let lines = p.process(&record, Timestamp::new(1_700_000_000, 0))?;
+/// assert!(lines[0].contains("\"RC Acknowledge\""));
 /// assert_eq!(p.summary(Default::default()).stats.bad_icrc, 0);
 /// # Ok::<(), std::io::Error>(())
 /// ```
@@ -85,6 +89,24 @@ pub struct Processor<W: Write> {
     shown: u64,
     ip_checksums_filled: u64,
     pcap: Option<PcapWriter<W>>,
+    /// With a QPN filter: recent packets of flows not (yet) known to be the followed QP's.
+    held: VecDeque<HeldPacket>,
+}
+
+/// How many packets of unpaired flows a live capture keeps while it waits for a response that
+/// pairs the peer's direction with the followed QP. Pairing normally happens within a round
+/// trip; more than this many unrelated packets before it loses the oldest.
+const HELD_MAX: usize = 1024;
+
+/// A packet held back until its flow is paired with the followed QP.
+#[derive(Debug)]
+struct HeldPacket {
+    flow: FlowKey,
+    source: Source,
+    ts: Timestamp,
+    frame: Vec<u8>,
+    orig_len: usize,
+    event: PsnEvent,
 }
 
 impl<W: Write> Processor<W> {
@@ -108,15 +130,21 @@ impl<W: Write> Processor<W> {
             shown: 0,
             ip_checksums_filled: 0,
             pcap,
+            held: VecDeque::new(),
         })
     }
 
-    /// Handles one record. Returns the line to print, if the packet is shown and output is not
-    /// quiet. Packets that are shown are also written to the pcap file.
-    pub fn process(&mut self, record: &Record<'_>, ts: Timestamp) -> io::Result<Option<String>> {
+    /// Handles one record. Returns the lines to print: none if the packet is not shown or
+    /// output is quiet, and more than one when a QP is followed and this packet paired the
+    /// peer's direction, whose earlier packets were held back until then (see
+    /// [`ProcessorConfig::qpn`]). Packets that are shown are also written to the pcap file.
+    pub fn process(&mut self, record: &Record<'_>, ts: Timestamp) -> io::Result<Vec<String>> {
         self.records += 1;
         *self.by_source.entry(record.source).or_default() += 1;
-        let (frame, orig_len) = self.as_ethernet(record);
+        let (frame, orig_len, filled) = as_ethernet(record);
+        if filled {
+            self.ip_checksums_filled += 1;
+        }
         let result = decode::decode_ethernet_snapped(&frame, orig_len);
         self.stats.record(&result, orig_len);
 
@@ -126,7 +154,7 @@ impl<W: Write> Processor<W> {
                 // A frame that does not decode cannot be matched to a QP or class; show it
                 // only when nothing is filtered, so filtered output stays about the QP asked for.
                 if self.config.qpn.is_some() || !self.config.classes.classes().is_empty() {
-                    return Ok(None);
+                    return Ok(Vec::new());
                 }
                 self.save(ts, &frame, orig_len)?;
                 self.shown += 1;
@@ -139,37 +167,97 @@ impl<W: Write> Processor<W> {
                     )),
                     Output::Json => Some(render::json_error(&e, frame.len(), Some(ts))),
                 };
-                return Ok(line);
+                return Ok(line.into_iter().collect());
             }
         };
 
         let observation = self.follower.observe(&packet);
-        if !observation.followed || !self.config.classes.matches(&packet) {
-            return Ok(None);
+        let mut lines = self.release_held()?;
+        if !self.config.classes.matches(&packet) {
+            return Ok(lines);
         }
-        self.save(ts, &frame, orig_len)?;
+        if observation.followed {
+            lines.extend(self.show(
+                record.source,
+                ts,
+                &frame,
+                orig_len,
+                &packet,
+                observation.event,
+            )?);
+        } else if self.config.qpn.is_some() {
+            self.hold(HeldPacket {
+                flow: observation.flow,
+                source: record.source,
+                ts,
+                frame: frame.into_owned(),
+                orig_len,
+                event: observation.event,
+            });
+        }
+        Ok(lines)
+    }
+
+    /// Shows the held packets of the flows the follower has just started following, oldest
+    /// first.
+    fn release_held(&mut self) -> io::Result<Vec<String>> {
+        let flows = self.follower.take_newly_followed();
+        if flows.is_empty() || self.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (release, keep): (VecDeque<HeldPacket>, VecDeque<HeldPacket>) =
+            std::mem::take(&mut self.held)
+                .into_iter()
+                .partition(|h| flows.contains(&h.flow));
+        self.held = keep;
+        let mut lines = Vec::new();
+        for h in release {
+            // It decoded when it was held, and its bytes have not changed since.
+            if let Ok(packet) = decode::decode_ethernet_snapped(&h.frame, h.orig_len) {
+                lines.extend(self.show(h.source, h.ts, &h.frame, h.orig_len, &packet, h.event)?);
+            }
+        }
+        Ok(lines)
+    }
+
+    /// Keeps a packet of an unfollowed flow in case a later response pairs the flow with the
+    /// followed QP; the oldest goes when the buffer is full.
+    fn hold(&mut self, packet: HeldPacket) {
+        if self.held.len() == HELD_MAX {
+            self.held.pop_front();
+        }
+        self.held.push_back(packet);
+    }
+
+    /// Counts, saves and renders one packet that passed the filters.
+    fn show(
+        &mut self,
+        source: Source,
+        ts: Timestamp,
+        frame: &[u8],
+        orig_len: usize,
+        packet: &decode::Packet<'_>,
+        event: PsnEvent,
+    ) -> io::Result<Option<String>> {
+        self.save(ts, frame, orig_len)?;
         self.shown += 1;
-        let psn_note = self.config.qpn.map(|_| observation.event);
+        let psn_note = self.config.qpn.map(|_| event);
         Ok(match self.config.output {
             Output::Quiet => None,
             Output::Text => {
-                let mut line = format!(
-                    "{} {}",
-                    record.source.as_str(),
-                    render::text(&packet, Some(ts))
-                );
+                let mut line = format!("{} {}", source.as_str(), render::text(packet, Some(ts)));
                 if let Some(event) = psn_note {
                     let _ = write!(line, "\n  PSN  {}", describe(event));
                 }
                 Some(line)
             }
             Output::Json => {
-                let mut line = render::json(&packet, Some(ts));
+                let mut line = render::json(packet, Some(ts));
                 // Add the capture point (and the PSN verdict when following a QP) to the
                 // packet's object without re-serializing it.
                 if line.ends_with('}') {
                     line.pop();
-                    let _ = write!(line, ",\"source\":\"{}\"", record.source.as_str());
+                    let _ = write!(line, ",\"source\":\"{}\"", source.as_str());
                     if let Some(event) = psn_note {
                         let event = serde_json::to_string(&event).unwrap_or_default();
                         let _ = write!(line, ",\"psn_event\":{event}");
@@ -179,6 +267,29 @@ impl<W: Write> Processor<W> {
                 Some(line)
             }
         })
+    }
+
+    /// Learns, from the whole of a capture known in advance, which flows belong to the
+    /// followed QP, so that [`Processor::process`] shows them from their first packet and in
+    /// order, instead of holding back the peer's packets until a response pairs them. Without
+    /// a QPN filter there is nothing to learn. Stops at the first record that is an error; the
+    /// real pass reports it.
+    pub fn learn_flows<'a, E>(&mut self, records: impl IntoIterator<Item = Result<Record<'a>, E>>) {
+        if self.config.qpn.is_none() {
+            return;
+        }
+        let mut scout = Follower::new(FollowConfig {
+            qpn: self.config.qpn,
+            path_mtu: self.config.path_mtu,
+        });
+        for record in records {
+            let Ok(record) = record else { break };
+            let (frame, orig_len, _) = as_ethernet(&record);
+            if let Ok(packet) = decode::decode_ethernet_snapped(&frame, orig_len) {
+                scout.observe(&packet);
+            }
+        }
+        self.follower.follow(scout.followed());
     }
 
     /// Packets that passed the filters so far.
@@ -221,27 +332,26 @@ impl<W: Write> Processor<W> {
             None => Ok(()),
         }
     }
+}
 
-    /// The record as an Ethernet frame, and its length on the wire.
-    ///
-    /// rxe probe records start at the IP header: they get a synthetic Ethernet header (zero
-    /// MACs) so one pcap holds both kinds. The probes also see packets before `ip_local_out`
-    /// computes the IPv4 header checksum (looped-back packets never get one), so a zero
-    /// checksum is filled in with the value the kernel would write; a non-zero wrong one is
-    /// kept and counted as bad. Packets read from a file are never changed.
-    fn as_ethernet<'a>(&mut self, record: &Record<'a>) -> (Cow<'a, [u8]>, usize) {
-        let orig_len = usize::try_from(record.orig_len).unwrap_or(usize::MAX);
-        if !record.source.starts_at_ip() {
-            return (Cow::Borrowed(record.data), orig_len);
-        }
-        let Some(mut frame) = pcap::ethernet_for_ip(record.data) else {
-            return (Cow::Borrowed(record.data), orig_len);
-        };
-        if record.source.is_rxe_probe() && fill_ipv4_checksum(&mut frame[14..]) {
-            self.ip_checksums_filled += 1;
-        }
-        (Cow::Owned(frame), orig_len.saturating_add(14))
+/// The record as an Ethernet frame, its length on the wire, and whether an IPv4 checksum was
+/// filled in.
+///
+/// rxe probe records start at the IP header: they get a synthetic Ethernet header (zero MACs)
+/// so one pcap holds both kinds. The probes also see packets before `ip_local_out` computes the
+/// IPv4 header checksum (looped-back packets never get one), so a zero checksum is filled in
+/// with the value the kernel would write; a non-zero wrong one is kept and counted as bad.
+/// Packets read from a file are never changed.
+fn as_ethernet<'a>(record: &Record<'a>) -> (Cow<'a, [u8]>, usize, bool) {
+    let orig_len = usize::try_from(record.orig_len).unwrap_or(usize::MAX);
+    if !record.source.starts_at_ip() {
+        return (Cow::Borrowed(record.data), orig_len, false);
     }
+    let Some(mut frame) = pcap::ethernet_for_ip(record.data) else {
+        return (Cow::Borrowed(record.data), orig_len, false);
+    };
+    let filled = record.source.is_rxe_probe() && fill_ipv4_checksum(&mut frame[14..]);
+    (Cow::Owned(frame), orig_len.saturating_add(14), filled)
 }
 
 /// Writes the header checksum of an IPv4 header whose checksum field is zero; true if it did.
@@ -273,7 +383,7 @@ fn describe(event: PsnEvent) -> String {
     }
 }
 
-/// One followed direction in the summary.
+/// One followed PSN sequence (a direction's requests or its responses) in the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct FlowSummary {
     /// Addresses and destination QP.
@@ -297,7 +407,7 @@ pub struct Summary {
     pub stats: Stats,
     /// The kernel side's counters, including drops.
     pub kernel: KernelCounters,
-    /// Every followed direction (every flow without `--qpn`).
+    /// Every followed PSN sequence (every flow without `--qpn`).
     pub flows: Vec<FlowSummary>,
 }
 
@@ -332,15 +442,14 @@ impl fmt::Display for Summary {
             };
             write!(
                 f,
-                "\n  {} -> {} QP {:#x}: PSN {:#08x}..{:#08x}, {} packets ({} requests, {} responses), gaps {} ({} missing), duplicates {}, retransmissions {}, NAKs {}, RNR NAKs {}",
+                "\n  {} -> {} QP {:#x} {}: PSN {:#08x}..{:#08x}, {} packets, gaps {} ({} missing), duplicates {}, retransmissions {}, NAKs {}, RNR NAKs {}",
                 addr(flow.flow.src),
                 addr(flow.flow.dst),
                 flow.flow.dest_qp,
+                flow.flow.stream.as_str(),
                 s.first_psn,
                 s.last_psn,
                 s.packets,
-                s.requests,
-                s.responses,
                 s.gaps,
                 s.missing,
                 s.duplicates,
@@ -382,10 +491,8 @@ mod tests {
         let mut ip = frame[14..].to_vec();
         ip[10..12].copy_from_slice(&[0, 0]); // as the transmit probe sees it
         let mut p = Processor::new(ProcessorConfig::default(), Some(Vec::new()), 2048).unwrap();
-        let line = p
-            .process(&record(&ip, Source::RxeSend), ts())
-            .unwrap()
-            .unwrap();
+        let lines = p.process(&record(&ip, Source::RxeSend), ts()).unwrap();
+        let line = &lines[0];
         assert!(line.starts_with("rxe-tx "), "{line}");
         let summary = p.summary(KernelCounters::default());
         assert_eq!(summary.ip_checksums_filled, 1);
@@ -414,7 +521,7 @@ mod tests {
         let mut p = Processor::new(config, Some(Vec::new()), 2048).unwrap();
         assert_eq!(
             p.process(&record(&frame, Source::Ingress), ts()).unwrap(),
-            None
+            Vec::<String>::new()
         );
         let s = p.summary(KernelCounters::default());
         assert_eq!((s.records, s.shown), (1, 0));
@@ -439,14 +546,14 @@ mod tests {
         let first = p
             .process(&record(&frame, Source::Egress), ts())
             .unwrap()
-            .unwrap();
+            .remove(0);
         let v: serde_json::Value = serde_json::from_str(&first).unwrap();
         assert_eq!(v["psn_event"]["event"], "first");
         assert_eq!(v["source"], "out");
         let second = p
             .process(&record(&frame, Source::Egress), ts())
             .unwrap()
-            .unwrap();
+            .remove(0);
         let v: serde_json::Value = serde_json::from_str(&second).unwrap();
         assert_eq!(v["psn_event"]["event"], "duplicate");
         let s = p.summary(KernelCounters::default());
@@ -469,7 +576,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             p.process(&record(&frame, Source::Egress), ts()).unwrap(),
-            None
+            Vec::<String>::new()
         );
     }
 
@@ -480,7 +587,10 @@ mod tests {
             let junk = vec![0xa5u8; len];
             for source in [Source::Ingress, Source::RxeRecv] {
                 let line = p.process(&record(&junk, source), ts()).unwrap();
-                assert!(line.is_some_and(|l| l.contains("decode error")));
+                assert!(
+                    line.len() == 1 && line[0].contains("decode error"),
+                    "{line:?}"
+                );
             }
         }
         let s = p.summary(KernelCounters::default());

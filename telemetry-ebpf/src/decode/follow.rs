@@ -1,10 +1,12 @@
 //! Following queue pairs: the PSN sequence of each direction, with gaps, duplicates and
 //! retransmissions flagged.
 //!
-//! A *flow* is one direction of traffic to one QP: (source ip:port, destination ip:port,
-//! destination QPN). Packets a QP receives all carry its QPN, whether they are requests from
-//! the peer or responses to its own requests; packets it sends carry the peer's QPN. PSNs are
-//! 24-bit and wrap; "behind" and "ahead" use the half-window rule (a PSN less than 2^23 ahead of
+//! A *flow* is one PSN sequence: (source ip:port, destination ip:port, destination QPN,
+//! [`Stream`]). Packets a QP receives all carry its QPN, whether they are requests from the
+//! peer or responses to its own requests, but those are two independent sequences: requests
+//! number from the peer's send PSN, responses echo the QP's own. Both ends of an RC connection
+//! usually send requests, so each direction holds both and is split in two. Packets a QP sends
+//! carry the peer's QPN. PSNs are 24-bit and wrap; "behind" and "ahead" use the half-window rule (a PSN less than 2^23 ahead of
 //! the highest seen is ahead, anything else is behind).
 //!
 //! How a PSN is judged depends on the opcode:
@@ -20,11 +22,12 @@
 //!   equal to it after others) is a **retransmission** (go-back-N after a NAK or timeout).
 //!
 //! With [`FollowConfig::qpn`] set, the follower reports flows to that QP and learns the reverse
-//! direction (packets to the peer QP, whose number no RC header carries) by matching a response
-//! PSN in one direction with a request PSN in the other. PSNs start at random 24-bit values, so
+//! direction's (packets to the peer QP, whose number no RC header carries) by matching a
+//! response PSN in one direction with a request PSN in the other: the peer's requests when the
+//! QP acknowledges one of them, the peer's responses when one answers the QP's request. PSNs start at random 24-bit values, so
 //! an accidental match with another QP pair between the same hosts is unlikely but possible.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
@@ -53,7 +56,27 @@ pub fn psn_ahead(a: u32, b: u32) -> bool {
     d != 0 && d < HALF_WINDOW
 }
 
-/// Identifies one direction of traffic to one QP.
+/// Which of the two PSN sequences of one direction a packet is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// Requests (and anything that is not a response), numbered from the sender's send PSN.
+    Requests,
+    /// READ responses, ACK/NAK and ATOMIC ACK, which carry the PSNs of the requests they answer.
+    Responses,
+}
+
+impl Stream {
+    /// `"requests"` or `"responses"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Requests => "requests",
+            Stream::Responses => "responses",
+        }
+    }
+}
+
+/// Identifies one PSN sequence: one direction of traffic to one QP, requests or responses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct FlowKey {
     /// Source ip:port, if the IP/UDP headers were decoded.
@@ -62,6 +85,8 @@ pub struct FlowKey {
     pub dst: Option<SocketAddr>,
     /// Destination QP.
     pub dest_qp: u32,
+    /// Requests or responses.
+    pub stream: Stream,
 }
 
 impl FlowKey {
@@ -71,6 +96,11 @@ impl FlowKey {
             src: p.src(),
             dst: p.dst(),
             dest_qp: p.bth.dest_qp,
+            stream: if p.opcode().operation().is_response() {
+                Stream::Responses
+            } else {
+                Stream::Requests
+            },
         }
     }
 
@@ -119,10 +149,6 @@ pub struct DirectionSummary {
     pub highest_psn: u32,
     /// Packets seen.
     pub packets: u64,
-    /// Request packets among them.
-    pub requests: u64,
-    /// Response packets among them (READ responses, ACK/NAK, ATOMIC ACK).
-    pub responses: u64,
     /// Gaps flagged.
     pub gaps: u64,
     /// PSNs missing in those gaps.
@@ -196,6 +222,11 @@ pub struct Follower {
     by_ips: HashMap<(IpAddr, IpAddr), Vec<FlowKey>>,
     /// The followed subset of `by_ips`, which stays small when a QPN filter is set.
     followed_by_ips: HashMap<(IpAddr, IpAddr), Vec<FlowKey>>,
+    /// Flows to follow from their first packet whatever their QPN (see [`Follower::follow`]).
+    preset: HashSet<FlowKey>,
+    /// Flows that pairing turned from unfollowed to followed since the last
+    /// [`Follower::take_newly_followed`].
+    newly_followed: Vec<FlowKey>,
 }
 
 impl Follower {
@@ -216,7 +247,8 @@ impl Follower {
 
         let event = {
             let mtu = self.config.path_mtu;
-            let followed = self.config.qpn.is_none_or(|q| q == key.dest_qp);
+            let followed =
+                self.config.qpn.is_none_or(|q| q == key.dest_qp) || self.preset.contains(&key);
             if !self.flows.contains_key(&key) {
                 if let Some(ips) = key.ips() {
                     self.by_ips.entry(ips).or_default().push(key);
@@ -234,11 +266,6 @@ impl Follower {
             });
             let event = step(state, psn, op, p.ext.reth.map(|r| r.dma_len), mtu);
             let s = &mut state.summary;
-            if is_request {
-                s.requests += 1;
-            } else if op.is_response() {
-                s.responses += 1;
-            }
             match p.ext.aeth.map(|a| a.syndrome) {
                 Some(AethSyndrome::Nak(_)) => s.naks += 1,
                 Some(AethSyndrome::RnrNak { .. }) => s.rnr_naks += 1,
@@ -293,10 +320,54 @@ impl Follower {
                 if !s.followed {
                     s.followed = true;
                     self.followed_by_ips.entry(ips).or_default().push(k);
+                    self.newly_followed.push(k);
                 }
                 s.paired = true;
             }
         }
+    }
+
+    /// Follows these flows from their first packet, as if already paired: used when the whole
+    /// capture is known in advance (a file), so a peer's packets that come before the first
+    /// response pairing them are not missed. Flows seen already are followed from now on.
+    ///
+    /// ```
+    /// use telemetry_ebpf::decode::follow::{FlowKey, FollowConfig, Follower};
+    /// # let frame = telemetry_ebpf::decode::doc_example_frame();
+    /// let pkt = telemetry_ebpf::decode::decode_ethernet(&frame)?;
+    ///
+    /// let mut f = Follower::new(FollowConfig { qpn: Some(pkt.bth.dest_qp ^ 1), path_mtu: None });
+    /// f.follow([FlowKey::of(&pkt)]);
+    /// assert!(f.observe(&pkt).followed);
+    /// # Ok::<(), telemetry_ebpf::decode::DecodeError>(())
+    /// ```
+    pub fn follow(&mut self, flows: impl IntoIterator<Item = FlowKey>) {
+        for key in flows {
+            if let Some(state) = self.flows.get_mut(&key) {
+                if !state.followed {
+                    state.followed = true;
+                    if let Some(ips) = key.ips() {
+                        self.followed_by_ips.entry(ips).or_default().push(key);
+                    }
+                }
+            }
+            self.preset.insert(key);
+        }
+    }
+
+    /// The flows that pairing started following since the last call, in the order it found
+    /// them. Their packets before that were reported with `followed: false`; a live capture
+    /// that held them back can show them now.
+    pub fn take_newly_followed(&mut self) -> Vec<FlowKey> {
+        std::mem::take(&mut self.newly_followed)
+    }
+
+    /// The keys of every followed flow, in key order.
+    pub fn followed(&self) -> impl Iterator<Item = FlowKey> + '_ {
+        self.flows
+            .iter()
+            .filter(|(_, s)| s.followed)
+            .map(|(k, _)| *k)
     }
 
     /// The summary of every followed flow, in key order.
