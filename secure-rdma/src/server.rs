@@ -351,7 +351,7 @@ async fn serve_client(
         return reject(&mut chan, RejectReason::ShuttingDown).await;
     }
     // A client slot before any RDMA resource exists.
-    let Ok(_slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
+    let Ok(slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
         let max = cfg.max_clients;
         let active = max - shared.slots.available_permits();
         return reject(&mut chan, RejectReason::ServerFull { active, max }).await;
@@ -375,7 +375,7 @@ async fn serve_client(
     };
     // Quotas are checked for everything the session will make, before any of
     // it reaches the kernel; the counts stay held until the session is gone.
-    let _admitted = match &cfg.quotas {
+    let admitted = match &cfg.quotas {
         None => None,
         Some(quotas) => {
             let tenant = quotas.register(TenantInfo {
@@ -473,6 +473,11 @@ async fn serve_client(
         }
     };
     drop(session);
+    // The slot and the quota counts go with the resources, not after the goodbye: a client
+    // waiting for this one to leave finds room as soon as its kernel objects are gone, and
+    // "client gone" below is logged only once all of it is free.
+    drop(admitted);
+    drop(slot);
     chan.close().await;
     tracing::info!(client = %identity, %reason, operations = seq, "client gone; its PD, CQs, MRs and QP are freed");
     Outcome::Served

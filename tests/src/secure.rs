@@ -140,7 +140,8 @@ impl ServerProc {
             .spawn()
             .expect("spawn secure-server");
         let log = Lines::collect(child.stderr.take().expect("stderr"));
-        log.wait_for("secure-server ready", 1, Duration::from_secs(30), |l| {
+        // With --telemetry the server loads and attaches eBPF programs first.
+        log.wait_for("secure-server ready", 1, STEP, |l| {
             l.contains("secure-server ready")
         });
         ServerProc { child, log, port }

@@ -55,9 +55,18 @@ impl CaptureProc {
         let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         assert_eq!(rc, 0);
         let out = wait_with_deadline(self.child, DEADLINE, "rdma-capture");
+        assert!(
+            out.status.success(),
+            "rdma-capture failed: {}",
+            self.stderr.snapshot().join("\n")
+        );
+        // The reader threads may still hold the last lines for a moment after exit; the
+        // summary is the last thing written to each stream.
+        self.stderr
+            .wait_for("stderr summary", 1, Duration::from_secs(10), |l| {
+                l.starts_with("--- rdma-capture summary")
+            });
         let stderr = self.stderr.snapshot().join("\n");
-        assert!(out.status.success(), "rdma-capture failed: {stderr}");
-        // The reader thread may still hold the last lines for a moment after exit.
         self.stdout
             .wait_for("summary line", 1, Duration::from_secs(10), |l| {
                 l.starts_with("{\"summary\"")

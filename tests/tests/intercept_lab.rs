@@ -29,6 +29,8 @@ const FLOOD: &str = env!("CARGO_BIN_EXE_verbs-flood");
 const DEADLINE: Duration = Duration::from_secs(60);
 const EDQUOT: i64 = libc::EDQUOT as i64;
 const EACCES: i64 = libc::EACCES as i64;
+/// What verbs-flood writes to stderr just before each report line.
+const REPORT_MARKER: &str = "verbs-flood: report";
 
 /// The interceptor, built next to this test's binaries: `cargo build`
 /// puts it in the target directory, `cargo test` only in its `deps/`
@@ -219,13 +221,13 @@ impl Flood {
                     .unwrap_or_else(|e| panic!("bad report {first:?}: {e}"));
             }
             if let Ok(Some(status)) = child.try_wait() {
-                std::thread::sleep(Duration::from_millis(100));
-                if stdout.snapshot().is_empty() {
-                    panic!(
-                        "verbs-flood exited ({status}) without a report:\n{}",
-                        stderr.snapshot().join("\n")
-                    );
-                }
+                // The report may be written and still on its way through the reader threads;
+                // without the marker before it (the lines shown on timeout), it never was.
+                eprintln!("verbs-flood exited ({status}); waiting for its report");
+                stderr.wait_for("report marker", 1, Duration::from_secs(10), |l| {
+                    l == REPORT_MARKER
+                });
+                stdout.wait_for("report", 1, DEADLINE, |_| true);
                 continue;
             }
             assert!(
@@ -234,6 +236,8 @@ impl Flood {
             );
             std::thread::sleep(Duration::from_millis(20));
         };
+        // Everything it wrote to stderr before the report (the interceptor's refusals) is in.
+        stderr.wait_for("report marker", 1, DEADLINE, |l| l == REPORT_MARKER);
         Flood {
             child,
             report,
@@ -274,11 +278,9 @@ impl Flood {
     }
 
     /// Waits for the normal end of a run without --hold.
-    fn finish(self) -> Vec<String> {
+    fn finish(self) {
         let out = wait_with_deadline(self.child, DEADLINE, "verbs-flood");
         assert!(out.status.success(), "verbs-flood: {}", out.status);
-        std::thread::sleep(Duration::from_millis(100));
-        self.stdout.snapshot()
     }
 }
 

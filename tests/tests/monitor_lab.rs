@@ -46,11 +46,13 @@ impl MonitorProc {
         }
     }
 
-    /// Waits until a report shows `live` equal to `want` for every resource.
+    /// Waits until a report printed from now on shows `live` equal to `want` for every
+    /// resource: an earlier one (say, all zero before anything started) does not count.
     fn wait_live(&self, want: &BTreeMap<&str, i64>) {
-        self.stdout.wait_for("live counts", 1, DEADLINE, |l| {
-            serde_json::from_str::<Value>(l).is_ok_and(|v| live(&v) == *want)
-        });
+        let shows = |l: &str| serde_json::from_str::<Value>(l).is_ok_and(|v| live(&v) == *want);
+        let earlier = self.stdout.snapshot().iter().filter(|l| shows(l)).count();
+        self.stdout
+            .wait_for("live counts", earlier + 1, DEADLINE, shows);
     }
 
     /// SIGINT, then the final report.
@@ -223,6 +225,10 @@ fn secure_server_with_k_clients_is_counted_by_the_monitor_and_by_its_own_telemet
     for h in held {
         assert!(h.quit().success());
     }
+    // The server logs this once a session's objects are destroyed.
+    server
+        .log
+        .wait_for("client gone", K, DEADLINE, |l| l.contains("client gone"));
     monitor.wait_live(&zero());
     let (_, last) = monitor.stop();
     assert_eq!(verb(&last, "QP_CREATE"), 2 * K as u64);

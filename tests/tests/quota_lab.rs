@@ -60,6 +60,10 @@ fn qp_count_refuses_client_k_plus_one_and_destroys_still_work() {
     // Destruction is never refused, and it frees the count.
     assert!(first.quit().success());
     wait_resources(server.pid(), 1, Duration::from_secs(10));
+    // Logged once its quota counts are released too.
+    server
+        .log
+        .wait_for("client gone", 1, DEADLINE, |l| l.contains("client gone"));
     let out = once(&pki, &server, &names[3]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(second.quit().success());

@@ -53,7 +53,7 @@ struct Args {
     #[arg(long, default_value_t = 1 << 20)]
     write_size: usize,
     /// Timeout of every completion wait.
-    #[arg(long, default_value = "5", value_name = "SECONDS")]
+    #[arg(long, default_value = "30", value_name = "SECONDS")]
     timeout: u64,
     /// Announce a PSN different from the one the QP really uses (tests that
     /// a mismatch fails with a timeout instead of hanging).

@@ -346,7 +346,10 @@ fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// Prints one report line on stdout, after a marker on stderr: a reader that has the marker
+/// has every line written to stderr before the report.
 fn print_line(value: &Value) -> Result<()> {
+    eprintln!("verbs-flood: report");
     let mut out = std::io::stdout().lock();
     writeln!(out, "{value}").context("writing the report")?;
     out.flush().context("writing the report")
