@@ -65,7 +65,7 @@ pub fn replay<'a, W: Write>(
         ktime_ns: 0,
         data: record.data,
     };
-    processor.learn_flows(pcap::read(file)?.1.map(|r| r.map(as_live)));
+    processor.learn_flows(records.clone().map(|r| r.map(as_live)));
     let mut read = 0;
     for record in records {
         if limit.is_some_and(|l| processor.shown() >= l) {

@@ -91,6 +91,9 @@ pub struct Processor<W: Write> {
     pcap: Option<PcapWriter<W>>,
     /// With a QPN filter: recent packets of flows not (yet) known to be the followed QP's.
     held: VecDeque<HeldPacket>,
+    /// False once [`Processor::learn_flows`] has found every followed flow in advance: then
+    /// no later response can pair another, and holding packets would be wasted copies.
+    hold_unpaired: bool,
 }
 
 /// How many packets of unpaired flows a live capture keeps while it waits for a response that
@@ -123,6 +126,7 @@ impl<W: Write> Processor<W> {
                 qpn: config.qpn,
                 path_mtu: config.path_mtu,
             }),
+            hold_unpaired: config.qpn.is_some(),
             config,
             stats: Stats::default(),
             by_source: BTreeMap::new(),
@@ -185,7 +189,7 @@ impl<W: Write> Processor<W> {
                 &packet,
                 observation.event,
             )?);
-        } else if self.config.qpn.is_some() {
+        } else if self.hold_unpaired {
             self.hold(HeldPacket {
                 flow: observation.flow,
                 source: record.source,
@@ -290,6 +294,7 @@ impl<W: Write> Processor<W> {
             }
         }
         self.follower.follow(scout.followed());
+        self.hold_unpaired = false;
     }
 
     /// Packets that passed the filters so far.

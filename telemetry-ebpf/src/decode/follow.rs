@@ -6,8 +6,8 @@
 //! peer or responses to its own requests, but those are two independent sequences: requests
 //! number from the peer's send PSN, responses echo the QP's own. Both ends of an RC connection
 //! usually send requests, so each direction holds both and is split in two. Packets a QP sends
-//! carry the peer's QPN. PSNs are 24-bit and wrap; "behind" and "ahead" use the half-window rule (a PSN less than 2^23 ahead of
-//! the highest seen is ahead, anything else is behind).
+//! carry the peer's QPN. PSNs are 24-bit and wrap; "behind" and "ahead" use the half-window
+//! rule (a PSN less than 2^23 ahead of the highest seen is ahead, anything else is behind).
 //!
 //! How a PSN is judged depends on the opcode:
 //!
@@ -21,11 +21,12 @@
 //! * The same PSN as the previous packet is a **duplicate**; a PSN behind the highest seen (or
 //!   equal to it after others) is a **retransmission** (go-back-N after a NAK or timeout).
 //!
-//! With [`FollowConfig::qpn`] set, the follower reports flows to that QP and learns the reverse
-//! direction's (packets to the peer QP, whose number no RC header carries) by matching a
-//! response PSN in one direction with a request PSN in the other: the peer's requests when the
-//! QP acknowledges one of them, the peer's responses when one answers the QP's request. PSNs start at random 24-bit values, so
-//! an accidental match with another QP pair between the same hosts is unlikely but possible.
+//! With [`FollowConfig::qpn`] set, the follower reports flows to that QP and learns the flows
+//! of the reverse direction (packets to the peer QP, whose number no RC header carries) by
+//! matching a response PSN in one direction with a request PSN in the other: the peer's
+//! requests once the QP acknowledges one of them, the peer's responses once one answers the
+//! QP's request. PSNs start at random 24-bit values, so an accidental match with another QP
+//! pair between the same hosts is unlikely but possible.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -316,15 +317,28 @@ impl Follower {
             return;
         };
         for k in [key, other] {
-            if let (Some(s), Some(ips)) = (self.flows.get_mut(&k), k.ips()) {
-                if !s.followed {
-                    s.followed = true;
-                    self.followed_by_ips.entry(ips).or_default().push(k);
-                    self.newly_followed.push(k);
-                }
+            if self.start_following(k) {
+                self.newly_followed.push(k);
+            }
+            if let Some(s) = self.flows.get_mut(&k) {
                 s.paired = true;
             }
         }
+    }
+
+    /// Marks a known flow followed; true if it was not before.
+    fn start_following(&mut self, key: FlowKey) -> bool {
+        let Some(state) = self.flows.get_mut(&key) else {
+            return false;
+        };
+        if state.followed {
+            return false;
+        }
+        state.followed = true;
+        if let Some(ips) = key.ips() {
+            self.followed_by_ips.entry(ips).or_default().push(key);
+        }
+        true
     }
 
     /// Follows these flows from their first packet, as if already paired: used when the whole
@@ -343,14 +357,7 @@ impl Follower {
     /// ```
     pub fn follow(&mut self, flows: impl IntoIterator<Item = FlowKey>) {
         for key in flows {
-            if let Some(state) = self.flows.get_mut(&key) {
-                if !state.followed {
-                    state.followed = true;
-                    if let Some(ips) = key.ips() {
-                        self.followed_by_ips.entry(ips).or_default().push(key);
-                    }
-                }
-            }
+            self.start_following(key);
             self.preset.insert(key);
         }
     }
@@ -364,10 +371,7 @@ impl Follower {
 
     /// The keys of every followed flow, in key order.
     pub fn followed(&self) -> impl Iterator<Item = FlowKey> + '_ {
-        self.flows
-            .iter()
-            .filter(|(_, s)| s.followed)
-            .map(|(k, _)| *k)
+        self.summaries().map(|(k, _)| *k)
     }
 
     /// The summary of every followed flow, in key order.
