@@ -71,6 +71,35 @@ cargo fmt --all -- --check
 stage "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# ------------------------------------------------------------------ boundaries
+# The pure crates stay pure: roce (the packet codec) and rdma-quota (quotas and the collector
+# protocol) must build without clang, cmake, libibverbs, an async runtime or TLS, so that the
+# decoder's fuzz target, the interceptor and any tool can use them alone.
+stage "crate boundaries"
+for crate in roce rdma-quota; do
+    heavy=$(cargo tree -p "$crate" -e normal --locked --prefix none |
+        awk '{print $1}' | grep -xE 'aya|aya-obj|tokio|rustls|ring|sideway|rdma-mummy-sys|secure-rdma' | sort -u || true)
+    if [ -n "$heavy" ]; then
+        echo "test.sh: $crate must not depend on: $heavy" >&2
+        exit 1
+    fi
+    echo "$crate: no aya, tokio, rustls, ring or sideway in its normal dependencies"
+done
+# rust-version must be one the locked dependencies accept (cargo would not check it for us).
+python3 - <<'PY'
+import json, subprocess, sys
+meta = json.loads(subprocess.run(["cargo", "metadata", "--format-version", "1", "--locked"],
+                                 check=True, capture_output=True, text=True).stdout)
+ws = set(meta["workspace_members"])
+ver = lambda v: tuple(int(x) for x in (v.split(".") + ["0", "0"])[:3])
+ours = max(ver(p["rust_version"]) for p in meta["packages"] if p["id"] in ws)
+need = max((ver(p["rust_version"]), p["name"]) for p in meta["packages"]
+           if p["id"] not in ws and p.get("rust_version"))
+if ours < need[0]:
+    sys.exit(f"test.sh: rust-version {ours} is older than {need[1]} needs ({need[0]})")
+print("rust-version %s covers every locked dependency (newest: %s %s)" % (".".join(map(str, ours)), need[1], ".".join(map(str, need[0]))))
+PY
+
 # ------------------------------------------------------------------ host tests
 # Sums libtest's "test result:" lines of a log into "passed failed ignored".
 count() {

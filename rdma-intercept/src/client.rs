@@ -13,7 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::protocol::{BadReply, Reply, Request, MAX_LINE};
+use rdma_quota::wire::{BadReply, Reply, Request, MAX_LINE};
 
 /// Why talking to the collector failed.
 #[derive(Debug)]
@@ -96,10 +96,11 @@ const SUN_PATH_LEN: usize = 108;
 /// ```no_run
 /// use std::time::Duration;
 /// use rdma_intercept::client::Connection;
-/// use rdma_intercept::protocol::{Reply, Request, Verb};
+/// use rdma_quota::wire::{Reply, Request, DEFAULT_SOCKET};
+/// use rdma_quota::Verb;
 ///
-/// let mut conn = Connection::connect("/run/rdma-monitor/collector.sock".as_ref(), Duration::from_secs(2))?;
-/// match conn.request(&Request::Admit { verb: Verb::QpCreate, bytes: None })? {
+/// let mut conn = Connection::connect(DEFAULT_SOCKET.as_ref(), Duration::from_secs(2))?;
+/// match conn.request(&Request::Admit { verb: Verb::QpCreate, bytes: 0 })? {
 ///     Reply::Ticket(t) => println!("admitted, ticket {t}"),
 ///     Reply::Deny(reason) => println!("refused: {reason}"),
 ///     other => println!("unexpected: {other:?}"),
@@ -251,7 +252,7 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Verb;
+    use rdma_quota::Verb;
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixListener;
 
@@ -291,7 +292,7 @@ mod tests {
         let mut conn = Connection::connect(&path, Duration::from_secs(2)).expect("connect");
         let admit = Request::Admit {
             verb: Verb::QpCreate,
-            bytes: None,
+            bytes: 0,
         };
         assert_eq!(conn.request(&admit).expect("first"), Reply::Ticket(1));
         assert_eq!(
@@ -301,7 +302,7 @@ mod tests {
         assert_eq!(
             conn.request(&Request::Release { ticket: 1 })
                 .expect("release"),
-            Reply::Ok(String::new())
+            Reply::Ok
         );
         drop(conn);
         let seen = server.join().expect("server");

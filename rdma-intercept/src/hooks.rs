@@ -27,7 +27,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use crate::intercept::{Decision, Interceptor, Settings};
-use crate::protocol::Verb;
+use rdma_quota::Resource;
 
 /// A real libibverbs function, found once.
 struct Real {
@@ -201,12 +201,12 @@ fn set_errno(value: c_int) {
 }
 
 /// A creating hook: admission, the real call, the ticket's fate.
-fn create(verb: Verb, bytes: Option<u64>, real: impl FnOnce() -> *mut c_void) -> *mut c_void {
+fn create(resource: Resource, bytes: u64, real: impl FnOnce() -> *mut c_void) -> *mut c_void {
     let Some(_reentry) = Reentry::enter() else {
         return real();
     };
     let settings = Settings::from_env();
-    let decision = with_state(|s, pid, log| s.admit(pid, &settings, verb, bytes, log));
+    let decision = with_state(|s, pid, log| s.admit(pid, &settings, resource, bytes, log));
     match decision {
         Decision::Refuse(err) => {
             set_errno(err);
@@ -285,7 +285,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, attr: *mut c_void) -> *m
     let Some(f) = real!(c"ibv_create_qp", c"IBVERBS_1.1", CreateQp) else {
         return missing_object();
     };
-    create(Verb::QpCreate, None, || unsafe { f(pd, attr) })
+    create(Resource::Qp, 0, || unsafe { f(pd, attr) })
 }
 
 /// `int ibv_destroy_qp(struct ibv_qp *)`; releases the QP's ticket.
@@ -311,7 +311,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut c_void) -> *mut c_void {
     let Some(f) = real!(c"ibv_alloc_pd", c"IBVERBS_1.1", AllocPd) else {
         return missing_object();
     };
-    create(Verb::PdAlloc, None, || unsafe { f(context) })
+    create(Resource::Pd, 0, || unsafe { f(context) })
 }
 
 /// `int ibv_dealloc_pd(struct ibv_pd *)`; releases the PD's ticket.
@@ -344,7 +344,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     let Some(f) = real!(c"ibv_create_cq", c"IBVERBS_1.1", CreateCq) else {
         return missing_object();
     };
-    create(Verb::CqCreate, None, || unsafe {
+    create(Resource::Cq, 0, || unsafe {
         f(context, cqe, cq_context, channel, comp_vector)
     })
 }
@@ -378,7 +378,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
     let Some(f) = real!(c"ibv_reg_mr", c"IBVERBS_1.1", RegMr) else {
         return missing_object();
     };
-    create(Verb::MrReg, Some(length as u64), || unsafe {
+    create(Resource::Mr, length as u64, || unsafe {
         f(pd, addr, length, access)
     })
 }
@@ -400,7 +400,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     let Some(f) = real!(c"ibv_reg_mr_iova", c"IBVERBS_1.7", RegMrIova) else {
         return missing_object();
     };
-    create(Verb::MrReg, Some(length as u64), || unsafe {
+    create(Resource::Mr, length as u64, || unsafe {
         f(pd, addr, length, iova, access)
     })
 }
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     let Some(f) = real!(c"ibv_reg_mr_iova2", c"IBVERBS_1.8", RegMrIova2) else {
         return missing_object();
     };
-    create(Verb::MrReg, Some(length as u64), || unsafe {
+    create(Resource::Mr, length as u64, || unsafe {
         f(pd, addr, length, iova, access)
     })
 }
@@ -447,7 +447,7 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     let Some(f) = real!(c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12", RegDmabufMr) else {
         return missing_object();
     };
-    create(Verb::MrReg, Some(length as u64), || unsafe {
+    create(Resource::Mr, length as u64, || unsafe {
         f(pd, offset, length, iova, fd, access)
     })
 }

@@ -8,11 +8,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::client::{ClientError, Connection};
-use crate::protocol::{Reply, Request, Verb};
+use rdma_quota::wire::{Reply, Request, DEFAULT_SOCKET};
+use rdma_quota::{Resource, Verb};
 
-/// Where the collector listens unless `RDMA_COLLECTOR` says otherwise.
-pub const DEFAULT_COLLECTOR: &str = "/run/rdma-monitor/collector.sock";
+use crate::client::{ClientError, Connection};
 
 /// How long one connect, send or receive may take.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
@@ -81,7 +80,7 @@ impl Settings {
     pub fn from_vars(collector: Option<&OsStr>, fail: Option<&OsStr>) -> Settings {
         let collector = match collector {
             Some(path) if !path.is_empty() => PathBuf::from(path),
-            _ => PathBuf::from(DEFAULT_COLLECTOR),
+            _ => PathBuf::from(DEFAULT_SOCKET),
         };
         let (fail, problem) = match fail.map(|v| v.to_string_lossy()) {
             None => (FailMode::Closed, None),
@@ -132,13 +131,13 @@ pub struct Ticket {
 ///
 /// ```no_run
 /// use rdma_intercept::intercept::{Decision, Interceptor, Settings};
-/// use rdma_intercept::protocol::Verb;
+/// use rdma_quota::Resource;
 ///
 /// let mut state = Interceptor::new();
 /// let settings = Settings::from_env();
 /// let pid = std::process::id();
 /// let mut log = Vec::new();
-/// match state.admit(pid, &settings, Verb::QpCreate, None, &mut log) {
+/// match state.admit(pid, &settings, Resource::Qp, 0, &mut log) {
 ///     Decision::Proceed(Some(ticket)) => {
 ///         let qp = 0x1000; // what the real ibv_create_qp returned
 ///         state.created(pid, qp, ticket);
@@ -192,16 +191,21 @@ impl Interceptor {
         self.conn.is_some()
     }
 
-    /// Asks the collector whether one `verb` (of `bytes`, for `MR_REG`) may
-    /// be created. Lines for stderr are pushed to `log`.
+    /// Asks the collector whether one `resource` (of `bytes`, for a memory
+    /// region; otherwise 0) may be created. Lines for stderr are pushed to
+    /// `log`.
+    ///
+    /// Only creations are asked about: a resource's creating verb is the
+    /// one `ADMIT` the collector answers with a ticket.
     pub fn admit(
         &mut self,
         pid: u32,
         settings: &Settings,
-        verb: Verb,
-        bytes: Option<u64>,
+        resource: Resource,
+        bytes: u64,
         log: &mut Vec<String>,
     ) -> Decision {
+        let verb = resource.create_verb();
         self.adopt(pid);
         if let Some(problem) = &settings.problem {
             if !std::mem::replace(&mut self.warned_setting, true) {
@@ -235,16 +239,27 @@ impl Interceptor {
                 self.lose_connection(log);
                 self.cannot_ask(settings, verb, &Problem::Answered(message), log)
             }
-            Ok(Reply::Ok(payload)) => {
-                self.lose_connection(log);
-                let problem = Problem::Answered(format!("OK without a ticket ({payload:?})"));
-                self.cannot_ask(settings, verb, &problem, log)
-            }
+            // A creation always gets a ticket; a plain OK means the two
+            // sides disagree about what was asked.
+            Ok(Reply::Ok) => self.no_ticket(settings, verb, "", log),
+            Ok(Reply::OkWith(payload)) => self.no_ticket(settings, verb, &payload, log),
             Err(e) => {
                 self.lose_connection(log);
                 self.cannot_ask(settings, verb, &Problem::Failed(e), log)
             }
         }
+    }
+
+    fn no_ticket(
+        &mut self,
+        settings: &Settings,
+        verb: Verb,
+        payload: &str,
+        log: &mut Vec<String>,
+    ) -> Decision {
+        self.lose_connection(log);
+        let problem = Problem::Answered(format!("OK without a ticket ({payload:?})"));
+        self.cannot_ask(settings, verb, &problem, log)
     }
 
     /// The real call admitted by `ticket` made `object`.
@@ -308,7 +323,7 @@ impl Interceptor {
         };
         match conn.request(&Request::Release { ticket: ticket.id }) {
             // ERR here only says the collector did not know the ticket.
-            Ok(Reply::Ok(_)) | Ok(Reply::Err(_)) => {}
+            Ok(Reply::Ok | Reply::OkWith(_) | Reply::Err(_)) => {}
             // Destroys are never refused, and a broken connection makes the
             // collector release everything anyway: nothing to report.
             _ => self.lose_connection(&mut Vec::new()),
@@ -457,8 +472,7 @@ mod tests {
         let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
         let mut state = Interceptor::new();
         let mut log = Vec::new();
-        let Decision::Proceed(Some(ticket)) =
-            state.admit(1, &settings, Verb::QpCreate, None, &mut log)
+        let Decision::Proceed(Some(ticket)) = state.admit(1, &settings, Resource::Qp, 0, &mut log)
         else {
             panic!("not admitted: {log:?}");
         };
@@ -484,7 +498,7 @@ mod tests {
         let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
         let mut state = Interceptor::new();
         let Decision::Proceed(Some(ticket)) =
-            state.admit(1, &settings, Verb::QpCreate, None, &mut Vec::new())
+            state.admit(1, &settings, Resource::Qp, 0, &mut Vec::new())
         else {
             panic!("not admitted");
         };
@@ -499,7 +513,7 @@ mod tests {
         let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
         let mut state = Interceptor::new();
         let mut log = Vec::new();
-        let decision = state.admit(1, &settings, Verb::MrReg, Some(4096), &mut log);
+        let decision = state.admit(1, &settings, Resource::Mr, 4096, &mut log);
         assert_eq!(decision, Decision::Refuse(libc::EDQUOT));
         assert_eq!(recv(&seen), "ADMIT MR_REG 4096");
         assert_eq!(
@@ -517,7 +531,7 @@ mod tests {
         let mut state = Interceptor::new();
         let mut log = Vec::new();
         for _ in 0..2 {
-            let d = state.admit(1, &closed, Verb::PdAlloc, None, &mut log);
+            let d = state.admit(1, &closed, Resource::Pd, 0, &mut log);
             assert_eq!(d, Decision::Refuse(libc::EACCES));
         }
         assert_eq!(log.len(), 2, "one line per refusal");
@@ -533,7 +547,7 @@ mod tests {
         let open = Settings::from_vars(Some(path.as_os_str()), Some("open".as_ref()));
         let mut log = Vec::new();
         for _ in 0..3 {
-            let d = state.admit(1, &open, Verb::CqCreate, None, &mut log);
+            let d = state.admit(1, &open, Resource::Cq, 0, &mut log);
             assert_eq!(d, Decision::Proceed(None));
         }
         assert_eq!(log.len(), 1, "the open warning is printed once: {log:?}");
@@ -547,8 +561,8 @@ mod tests {
         let s = Settings::from_vars(Some(path.as_os_str()), Some("opne".as_ref()));
         let mut state = Interceptor::new();
         let mut log = Vec::new();
-        state.admit(1, &s, Verb::QpCreate, None, &mut log);
-        state.admit(1, &s, Verb::QpCreate, None, &mut log);
+        state.admit(1, &s, Resource::Qp, 0, &mut log);
+        state.admit(1, &s, Resource::Qp, 0, &mut log);
         let warnings = log.iter().filter(|l| l.contains("\"opne\"")).count();
         assert_eq!(warnings, 1, "{log:?}");
         assert_eq!(log.len(), 3);
@@ -565,12 +579,12 @@ mod tests {
         });
         let mut state = Interceptor::new();
         let mut log = Vec::new();
-        let Decision::Proceed(Some(t)) = state.admit(1, &settings, Verb::QpCreate, None, &mut log)
+        let Decision::Proceed(Some(t)) = state.admit(1, &settings, Resource::Qp, 0, &mut log)
         else {
             panic!("not admitted");
         };
         state.created(1, 0x10, t);
-        let d = state.admit(1, &settings, Verb::CqCreate, None, &mut log);
+        let d = state.admit(1, &settings, Resource::Cq, 0, &mut log);
         assert_eq!(d, Decision::Refuse(libc::EACCES));
         assert!(!state.connected());
         assert_eq!(state.tracked(), 0, "the lost connection's tickets are gone");
@@ -590,7 +604,7 @@ mod tests {
         let (_dir, settings, seen) = collector(ticket_for_qp_deny_mr);
         let mut state = Interceptor::new();
         let Decision::Proceed(Some(t)) =
-            state.admit(100, &settings, Verb::QpCreate, None, &mut Vec::new())
+            state.admit(100, &settings, Resource::Qp, 0, &mut Vec::new())
         else {
             panic!("not admitted");
         };
@@ -604,7 +618,7 @@ mod tests {
             "the child must not use the parent's connection"
         );
         let Decision::Proceed(Some(t2)) =
-            state.admit(101, &settings, Verb::QpCreate, None, &mut Vec::new())
+            state.admit(101, &settings, Resource::Qp, 0, &mut Vec::new())
         else {
             panic!("child not admitted");
         };
@@ -626,12 +640,12 @@ mod tests {
         });
         let mut state = Interceptor::new();
         let Decision::Proceed(Some(t)) =
-            state.admit(1, &settings, Verb::QpCreate, None, &mut Vec::new())
+            state.admit(1, &settings, Resource::Qp, 0, &mut Vec::new())
         else {
             panic!("not admitted");
         };
         // Another thread's call lost the connection while this one created.
-        let d = state.admit(1, &settings, Verb::PdAlloc, None, &mut Vec::new());
+        let d = state.admit(1, &settings, Resource::Pd, 0, &mut Vec::new());
         assert_eq!(d, Decision::Refuse(libc::EACCES));
         state.created(1, 0x20, t);
         assert_eq!(state.tracked(), 0);

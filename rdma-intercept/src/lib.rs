@@ -10,9 +10,8 @@
 //! `ibv_dealloc_pd`, `ibv_create_cq`, `ibv_destroy_cq`, `ibv_reg_mr`,
 //! `ibv_reg_mr_iova`, `ibv_reg_mr_iova2`, `ibv_reg_dmabuf_mr` and
 //! `ibv_dereg_mr`. Before a creation it asks the collector daemon (the
-//! `telemetry_ebpf::collector` module, binary `rdma-collector`) over a Unix
-//! socket; a refused creation returns NULL with `errno = EDQUOT` and prints
-//! one line to stderr:
+//! `rdma-collector` crate and binary) over a Unix socket; a refused creation
+//! returns NULL with `errno = EDQUOT` and prints one line to stderr:
 //!
 //! ```text
 //! rdma-intercept: QP_CREATE refused: QP_COUNT limit 1 reached globally (1 live)
@@ -22,19 +21,30 @@
 //! When the process exits (or crashes), the collector sees its connection
 //! close and releases all its tickets.
 //!
+//! Modules, in reading order:
+//! - [`intercept`]: what the hooks decide (admission, the object → ticket
+//!   table, fork, connection loss), as plain data tested without RDMA;
+//! - [`client`]: the blocking collector connection, on raw `libc` calls;
+//! - [`hooks`]: the exported `ibv_*` functions that shadow libibverbs.
+//!
+//! Its only dependencies are `libc` and `rdma-quota` (for the verbs and the
+//! wire protocol): the object is loaded into arbitrary programs, so it
+//! brings no runtime and starts no threads.
+//!
 //! # Environment
 //!
 //! - `RDMA_COLLECTOR`: the collector's socket (default
-//!   [`intercept::DEFAULT_COLLECTOR`]).
+//!   [`rdma_quota::wire::DEFAULT_SOCKET`]).
 //! - `RDMA_INTERCEPT_FAIL`: `closed` (default) refuses creations when the
 //!   collector cannot be asked (`errno = EACCES`, one stderr line per
 //!   refusal); `open` lets them through uncounted after a one-time warning.
 //!
 //! # Protocol
 //!
-//! See [`protocol`]: line-based UTF-8, one request and one reply at a time,
-//! lines of at most 512 bytes. The collector identifies the client by
-//! `SO_PEERCRED`, never by anything the client says.
+//! See [`rdma_quota::wire`], the one definition both sides use: line-based
+//! UTF-8, one request and one reply at a time, lines of at most 512 bytes.
+//! The collector identifies the client by `SO_PEERCRED`, never by anything
+//! the client says.
 //!
 //! # What it cannot stop
 //!
@@ -52,4 +62,3 @@
 pub mod client;
 pub mod hooks;
 pub mod intercept;
-pub mod protocol;

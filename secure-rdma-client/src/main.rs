@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::client::{Client, ClientConfig};
-use secure_rdma::logging::{self, LogFormat};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Secure RDMA client.

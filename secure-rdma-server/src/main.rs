@@ -7,13 +7,31 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
-use secure_rdma::logging::{self, LogFormat};
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Server, ServerConfig};
 use serde::Deserialize;
 
+#[cfg(feature = "telemetry")]
 mod telemetry;
+
+/// Built without eBPF (`--no-default-features`): the server has no aya, and the flags that
+/// need it say how to get it rather than silently doing nothing.
+#[cfg(not(feature = "telemetry"))]
+mod telemetry {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use secure_rdma::quota::Quotas;
+
+    pub async fn start(_: Quotas, _: Duration, _: Option<SocketAddr>) -> anyhow::Result<()> {
+        anyhow::bail!(
+            "--telemetry and --metrics need the `telemetry` feature, which this secure-server \
+             was built without (rebuild: cargo build -p secure-rdma-server --features telemetry)"
+        )
+    }
+}
 
 /// Multi-client secure RDMA server.
 ///

@@ -11,7 +11,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::handshake::{Channel, HandshakeError, Message, Op, RejectReason, CAPABILITIES, VERSION};
+use crate::handshake::{
+    Channel, HandshakeError, Message, Op, RejectReason, Verdict, CAPABILITIES, VERSION,
+};
 use crate::session::{Session, SessionConfig, SessionError, Tokens};
 use crate::tls::{self, Side};
 use crate::verbs::{Device, GidSelector, VerbsError};
@@ -41,17 +43,36 @@ pub struct ClientConfig {
 /// Why the client stopped. Each variant has its own exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The TCP connection failed.
-    #[error("server {addr} unreachable: {reason}")]
+    /// The TCP connection failed (refused, no route, or no answer in time).
+    #[error("server {addr} unreachable: {source}")]
     Unreachable {
         /// What was dialled.
         addr: String,
         /// Why it failed.
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
-    /// TLS failed: a certificate was refused on either side.
+    /// TLS failed: a certificate was refused on either side, or the peer
+    /// sent an alert.
     #[error("TLS refused: {0}")]
-    Tls(String),
+    Tls(#[from] rustls::Error),
+    /// The TLS connection broke before it was established (not a refusal
+    /// rustls could name, e.g. the server reset the connection).
+    #[error("TLS refused: {0}")]
+    TlsIo(#[source] std::io::Error),
+    /// The TLS handshake did not finish in time.
+    #[error("TLS refused: handshake timed out after {0:?}")]
+    TlsTimeout(Duration),
+    /// The name the server certificate must carry is not a valid DNS name or
+    /// address.
+    #[error("TLS refused: invalid server name {name:?}: {source}")]
+    ServerName {
+        /// The name given.
+        name: String,
+        /// Why it is invalid.
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
     /// Local TLS material is unusable.
     #[error(transparent)]
     TlsConfig(#[from] tls::TlsError),
@@ -59,13 +80,13 @@ pub enum ClientError {
     #[error("rejected by server: {0}")]
     Rejected(RejectReason),
     /// No RDMA device or GID for our address.
-    #[error("{0}")]
+    #[error(transparent)]
     Device(VerbsError),
     /// The RDMA connection could not be confirmed.
-    #[error("{0}")]
+    #[error(transparent)]
     Confirm(SessionError),
     /// Anything else in the protocol or on the RDMA path.
-    #[error("{0}")]
+    #[error(transparent)]
     Session(SessionError),
 }
 
@@ -74,7 +95,11 @@ impl ClientError {
     pub fn exit_code(&self) -> i32 {
         match self {
             ClientError::Rejected(_) => 3,
-            ClientError::Tls(_) | ClientError::TlsConfig(_) => 4,
+            ClientError::Tls(_)
+            | ClientError::TlsIo(_)
+            | ClientError::TlsTimeout(_)
+            | ClientError::ServerName { .. }
+            | ClientError::TlsConfig(_) => 4,
             ClientError::Unreachable { .. } => 5,
             ClientError::Device(_) => 6,
             ClientError::Confirm(_) => 7,
@@ -83,25 +108,21 @@ impl ClientError {
     }
 }
 
+/// In TLS 1.3 the server judges the client's certificate after the client's
+/// handshake has completed, so its refusal (an alert) surfaces on the first
+/// read or write of the control channel: report that as a TLS refusal, not a
+/// protocol error.
 fn tls_or(e: HandshakeError) -> ClientError {
     if let HandshakeError::Io(io) = &e {
         if let Some(inner) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-            return ClientError::Tls(inner.to_string());
+            return ClientError::Tls(inner.clone());
         }
     }
     ClientError::Session(e.into())
 }
 
 /// What the server acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ack {
-    /// The operation.
-    pub op: Op,
-    /// Its sequence number on this connection.
-    pub seq: u64,
-    /// Bytes the server saw arrive.
-    pub bytes: u32,
-}
+pub use crate::handshake::Ack;
 
 /// A connected, confirmed client.
 pub struct Client {
@@ -115,35 +136,65 @@ pub struct Client {
 
 impl Client {
     /// Connects, authenticates, is admitted, sets up and confirms RDMA.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use secure_rdma::client::{Client, ClientConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut client = Client::connect(&ClientConfig {
+    ///     host: "10.77.0.1".into(),
+    ///     port: 4433,
+    ///     server_name: "10.77.0.1".into(),
+    ///     ca: "certs/ca.pem".into(),
+    ///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
+    ///     device: None,
+    ///     gid_index: None,
+    ///     timeout: Duration::from_secs(5),
+    /// })
+    /// .await?;
+    /// let ack = client.send(b"hello over RDMA").await?;
+    /// assert_eq!(ack.bytes, 15);
+    /// client.quit().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(cfg: &ClientConfig) -> Result<Client, ClientError> {
         let tls_config = match &cfg.identity {
             Some((cert, key)) => tls::client_config(&cfg.ca, cert, key)?,
             None => tls::client_config_without_cert(&cfg.ca)?,
         };
         let addr = format!("{}:{}", cfg.host, cfg.port);
-        let unreachable = |reason: String| ClientError::Unreachable {
+        let unreachable = |source: std::io::Error| ClientError::Unreachable {
             addr: addr.clone(),
-            reason,
+            source,
         };
         let tcp = tokio::time::timeout(cfg.timeout, TcpStream::connect(&addr))
             .await
-            .map_err(|_| unreachable(format!("no answer within {:?}", cfg.timeout)))?
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|_| {
+                unreachable(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {:?}", cfg.timeout),
+                ))
+            })?
+            .map_err(unreachable)?;
         let _ = tcp.set_nodelay(true);
-        let local: SocketAddr = tcp.local_addr().map_err(|e| unreachable(e.to_string()))?;
-        let name = ServerName::try_from(cfg.server_name.clone()).map_err(|e| {
-            ClientError::Tls(format!("invalid server name {:?}: {e}", cfg.server_name))
+        let local: SocketAddr = tcp.local_addr().map_err(unreachable)?;
+        let name = ServerName::try_from(cfg.server_name.clone()).map_err(|source| {
+            ClientError::ServerName {
+                name: cfg.server_name.clone(),
+                source,
+            }
         })?;
         let tls = tokio::time::timeout(
             cfg.timeout,
             TlsConnector::from(tls_config).connect(name, tcp),
         )
         .await
-        .map_err(|_| ClientError::Tls(format!("handshake timed out after {:?}", cfg.timeout)))?
+        .map_err(|_| ClientError::TlsTimeout(cfg.timeout))?
         .map_err(|e| {
             match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                Some(inner) => ClientError::Tls(inner.to_string()),
-                None => ClientError::Tls(e.to_string()),
+                Some(inner) => ClientError::Tls(inner.clone()),
+                None => ClientError::TlsIo(e),
             }
         })?;
         let conn = &tls.get_ref().1;
@@ -158,24 +209,16 @@ impl Client {
         })
         .await
         .map_err(tls_or)?;
-        // In TLS 1.3 the server judges our certificate after our handshake
-        // completes: a refusal shows up here, as an alert.
-        let reply = tokio::time::timeout(cfg.timeout, chan.recv::<Message>())
+        let verdict = tokio::time::timeout(cfg.timeout, chan.expect_verdict())
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity) = match reply {
-            Message::Accept {
+        let (buffer_size, identity) = match verdict {
+            Verdict::Accepted {
                 buffer_size,
                 identity,
             } => (buffer_size as usize, identity),
-            Message::Reject { reason } => return Err(ClientError::Rejected(reason)),
-            other => {
-                return Err(ClientError::Session(SessionError::Unexpected {
-                    expected: "accept",
-                    got: other.kind(),
-                }))
-            }
+            Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
         };
         let (device, sgid) = pick_device(cfg, local).map_err(ClientError::Device)?;
         let session_cfg = SessionConfig {
@@ -215,7 +258,7 @@ impl Client {
     }
 
     async fn ack(&mut self, op: Op) -> Result<Ack, ClientError> {
-        let msg = tokio::time::timeout(self.timeout, self.chan.recv::<Message>())
+        let ack = tokio::time::timeout(self.timeout, self.chan.expect_ack())
             .await
             .map_err(|_| {
                 ClientError::Session(SessionError::Timeout(
@@ -224,21 +267,13 @@ impl Client {
                 ))
             })?
             .map_err(tls_or)?;
-        match msg {
-            Message::Ack {
-                op: got,
-                seq,
-                bytes,
-            } if got == op => Ok(Ack { op, seq, bytes }),
-            Message::Bye => Err(ClientError::Session(SessionError::Unexpected {
-                expected: "ack",
-                got: "bye (server closed the connection)",
-            })),
-            other => Err(ClientError::Session(SessionError::Unexpected {
-                expected: "ack",
-                got: other.kind(),
-            })),
+        if ack.op != op {
+            return Err(ClientError::Session(SessionError::WrongAck {
+                sent: op,
+                acked: ack.op,
+            }));
         }
+        Ok(ack)
     }
 
     /// RDMA SENDs `msg` and waits for the server's acknowledgement.

@@ -42,7 +42,7 @@ pub enum HandshakeError {
     TooLarge(usize),
     /// The frame was not the expected JSON message.
     #[error("malformed handshake message: {0}")]
-    Malformed(String),
+    Malformed(#[source] serde_json::Error),
     /// A field had an invalid value.
     #[error("invalid {field} in handshake message: {reason}")]
     Invalid {
@@ -50,6 +50,14 @@ pub enum HandshakeError {
         field: &'static str,
         /// Why it was refused.
         reason: String,
+    },
+    /// A well-formed message that does not belong at this step.
+    #[error("protocol error: expected {expected}, got {got}{}", if *got == Kind::Bye { " (the peer closed the connection)" } else { "" })]
+    Unexpected {
+        /// What this step waits for.
+        expected: Kind,
+        /// What arrived.
+        got: Kind,
     },
 }
 
@@ -224,20 +232,104 @@ pub enum Message {
     Bye,
 }
 
-impl Message {
-    /// A short name for "unexpected message" errors.
-    pub fn kind(&self) -> &'static str {
+/// The kind of a [`Message`], without its fields: what a step expects and what came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// [`Message::Hello`].
+    Hello,
+    /// [`Message::Accept`].
+    Accept,
+    /// [`Message::Reject`].
+    Reject,
+    /// [`Message::Endpoint`].
+    Endpoint,
+    /// [`Message::Ready`].
+    Ready,
+    /// [`Message::Confirmed`].
+    Confirmed,
+    /// [`Message::Ack`].
+    Ack,
+    /// [`Message::Bye`].
+    Bye,
+}
+
+impl Kind {
+    /// The message's `type` on the wire.
+    pub const fn name(self) -> &'static str {
         match self {
-            Message::Hello { .. } => "hello",
-            Message::Accept { .. } => "accept",
-            Message::Reject { .. } => "reject",
-            Message::Endpoint { .. } => "endpoint",
-            Message::Ready => "ready",
-            Message::Confirmed => "confirmed",
-            Message::Ack { .. } => "ack",
-            Message::Bye => "bye",
+            Kind::Hello => "hello",
+            Kind::Accept => "accept",
+            Kind::Reject => "reject",
+            Kind::Endpoint => "endpoint",
+            Kind::Ready => "ready",
+            Kind::Confirmed => "confirmed",
+            Kind::Ack => "ack",
+            Kind::Bye => "bye",
         }
     }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Message {
+    /// Which message this is, for "expected X, got Y" errors.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Message::Hello { .. } => Kind::Hello,
+            Message::Accept { .. } => Kind::Accept,
+            Message::Reject { .. } => Kind::Reject,
+            Message::Endpoint { .. } => Kind::Endpoint,
+            Message::Ready => Kind::Ready,
+            Message::Confirmed => Kind::Confirmed,
+            Message::Ack { .. } => Kind::Ack,
+            Message::Bye => Kind::Bye,
+        }
+    }
+}
+
+/// The client's opening message, as the server receives it (step 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The client's protocol version; [`VERSION`] is the only one served.
+    pub version: u32,
+    /// Features the client supports.
+    pub capabilities: Vec<String>,
+}
+
+/// The server's answer to a hello, as the client receives it (step 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted: RDMA setup follows.
+    Accepted {
+        /// The largest message or write the server takes, in bytes.
+        buffer_size: u32,
+        /// The identity the server authenticated.
+        identity: String,
+    },
+    /// Refused, with the reason.
+    Rejected(RejectReason),
+}
+
+/// An operation the server saw land, as the client receives it (step 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    /// The operation.
+    pub op: Op,
+    /// Its sequence number on this connection: 1 for the first, then 2, 3, …
+    pub seq: u64,
+    /// Bytes the server saw arrive.
+    pub bytes: u32,
+}
+
+/// What the server waits for from an established client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientRequest {
+    /// The client says goodbye ([`Message::Bye`]).
+    Bye,
 }
 
 /// A framed control channel over any byte stream (a TLS stream in the
@@ -262,7 +354,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     /// Sends one message (any serde type; the product sends [`Message`]s).
     pub async fn send<T: Serialize + ?Sized>(&mut self, msg: &T) -> Result<(), HandshakeError> {
         use futures_util::SinkExt;
-        let body = serde_json::to_vec(msg).map_err(|e| HandshakeError::Malformed(e.to_string()))?;
+        let body = serde_json::to_vec(msg).map_err(HandshakeError::Malformed)?;
         if body.len() > MAX_FRAME {
             return Err(HandshakeError::TooLarge(body.len()));
         }
@@ -283,9 +375,82 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 Err(HandshakeError::TooLarge(MAX_FRAME + 1))
             }
             Some(Err(e)) => Err(e.into()),
-            Some(Ok(frame)) => {
-                serde_json::from_slice(&frame).map_err(|e| HandshakeError::Malformed(e.to_string()))
+            Some(Ok(frame)) => serde_json::from_slice(&frame).map_err(HandshakeError::Malformed),
+        }
+    }
+
+    /// Receives the client's hello (step 1, server side).
+    pub async fn expect_hello(&mut self) -> Result<Hello, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Hello {
+                version,
+                capabilities,
+            } => Ok(Hello {
+                version,
+                capabilities,
+            }),
+            other => Err(unexpected(Kind::Hello, &other)),
+        }
+    }
+
+    /// Receives the server's accept or reject (step 2, client side).
+    pub async fn expect_verdict(&mut self) -> Result<Verdict, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Accept {
+                buffer_size,
+                identity,
+            } => Ok(Verdict::Accepted {
+                buffer_size,
+                identity,
+            }),
+            Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
+            other => Err(unexpected(Kind::Accept, &other)),
+        }
+    }
+
+    /// Receives the peer's endpoint (step 3) and checks what serde cannot
+    /// ([`Endpoint::validate`]).
+    pub async fn expect_endpoint(&mut self) -> Result<Endpoint, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Endpoint { endpoint } => {
+                endpoint.validate()?;
+                Ok(endpoint)
             }
+            other => Err(unexpected(Kind::Endpoint, &other)),
+        }
+    }
+
+    /// Receives the peer's "my QP is in RTS" (step 4).
+    pub async fn expect_ready(&mut self) -> Result<(), HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Ready => Ok(()),
+            other => Err(unexpected(Kind::Ready, &other)),
+        }
+    }
+
+    /// Receives the peer's "your token arrived over RDMA" (step 5).
+    pub async fn expect_confirmed(&mut self) -> Result<(), HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Confirmed => Ok(()),
+            other => Err(unexpected(Kind::Confirmed, &other)),
+        }
+    }
+
+    /// Receives the server's acknowledgement of an operation (step 6, client
+    /// side). A [`Message::Bye`] here is an [`HandshakeError::Unexpected`]
+    /// whose message says the server closed the connection.
+    pub async fn expect_ack(&mut self) -> Result<Ack, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Ack { op, seq, bytes } => Ok(Ack { op, seq, bytes }),
+            other => Err(unexpected(Kind::Ack, &other)),
+        }
+    }
+
+    /// Receives what an established client may send (step 6, server side).
+    pub async fn expect_client_request(&mut self) -> Result<ClientRequest, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Bye => Ok(ClientRequest::Bye),
+            other => Err(unexpected(Kind::Bye, &other)),
         }
     }
 
@@ -298,6 +463,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     pub async fn close(&mut self) {
         use futures_util::SinkExt;
         let _ = SinkExt::<bytes::Bytes>::close(&mut self.framed).await;
+    }
+}
+
+fn unexpected(expected: Kind, got: &Message) -> HandshakeError {
+    HandshakeError::Unexpected {
+        expected,
+        got: got.kind(),
     }
 }
 
@@ -358,6 +530,83 @@ mod tests {
             b.recv::<Message>().await,
             Err(HandshakeError::Closed)
         ));
+    }
+
+    #[tokio::test]
+    async fn each_step_names_what_it_expected_and_what_came() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (mut a, mut b) = (Channel::new(a), Channel::new(b));
+        a.send(&Message::Ready).await.unwrap();
+        let err = b.expect_endpoint().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HandshakeError::Unexpected {
+                    expected: Kind::Endpoint,
+                    got: Kind::Ready
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "protocol error: expected endpoint, got ready"
+        );
+
+        // A bye where an ack belongs says the peer left.
+        a.send(&Message::Bye).await.unwrap();
+        let err = b.expect_ack().await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "protocol error: expected ack, got bye (the peer closed the connection)"
+        );
+
+        // The right message gives its typed contents.
+        a.send(&Message::Ack {
+            op: Op::Write,
+            seq: 7,
+            bytes: 3,
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            b.expect_ack().await.unwrap(),
+            Ack {
+                op: Op::Write,
+                seq: 7,
+                bytes: 3
+            }
+        );
+        a.send(&Message::Reject {
+            reason: RejectReason::ShuttingDown,
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            b.expect_verdict().await.unwrap(),
+            Verdict::Rejected(RejectReason::ShuttingDown)
+        );
+        // An endpoint that parses but is unusable is refused by the receiver itself.
+        let mut bad = endpoint();
+        bad.buffer.len = 0;
+        a.send(&Message::Endpoint { endpoint: bad }).await.unwrap();
+        assert!(matches!(
+            b.expect_endpoint().await,
+            Err(HandshakeError::Invalid {
+                field: "buffer",
+                ..
+            })
+        ));
+        // Every kind's name is its wire `type`.
+        for (msg, kind) in [
+            (Message::Ready, Kind::Ready),
+            (Message::Confirmed, Kind::Confirmed),
+            (Message::Bye, Kind::Bye),
+        ] {
+            assert_eq!(msg.kind(), kind);
+            let json = serde_json::to_value(&msg).unwrap();
+            assert_eq!(json["type"], kind.name());
+        }
     }
 
     #[test]

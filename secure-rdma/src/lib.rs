@@ -5,20 +5,32 @@
 //! PSNs are full 24-bit CSPRNG values, and whose state machine is driven by
 //! hand, RESET → INIT → RTR → RTS, with plain verbs.
 //!
-//! Modules, one concept each:
+//! Modules, one concept each, in reading order:
 //! - [`psn`]: 24-bit PSNs and QPNs, drawn from the OS CSPRNG.
 //! - [`verbs`]: device, GIDs, protection domains, completion queues,
 //!   memory regions and the typestate RC queue pair.
-//! - [`handshake`]: the wire format of the connection setup.
+//! - [`tls`]: TLS 1.3 with mutual authentication; identities and the
+//!   confirmation tokens derived from the session.
+//! - [`certs`]: the deployment's private CA and its server and client
+//!   certificates (`secure-server certs`).
+//! - [`handshake`]: the wire format of the connection setup, one typed
+//!   receiver per step.
+//! - [`session`]: one connection's RDMA resources, connected and confirmed.
+//! - [`server`]: the multi-client server: admission, then one session per
+//!   client.
+//! - [`client`]: the client: connect, `send`, `write`, `quit`.
+//! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
+//!
+//! The library emits `tracing` events and never installs a subscriber: the
+//! binaries decide where logs go.
 
 #![warn(missing_docs)]
 
 pub mod certs;
 pub mod client;
 pub mod handshake;
-pub mod logging;
 pub mod psn;
-pub mod quota;
+pub use rdma_quota as quota;
 pub mod server;
 pub mod session;
 pub mod tls;

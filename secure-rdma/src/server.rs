@@ -15,14 +15,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use crate::handshake::{Channel, Message, Op, RejectReason, VERSION};
-use crate::quota::{Quotas, TenantInfo};
-use crate::session::{Arrival, Session, SessionConfig, Tokens};
+use crate::handshake::{
+    Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, VERSION,
+};
+use crate::quota::{Quotas, TenantInfo, TenantQuota};
+use crate::session::{Arrival, Session, SessionAdmission, SessionConfig, Tokens};
 use crate::tls::{self, Side};
 use crate::verbs::{Device, GidEntry, GidSelector, VerbsError};
 
@@ -136,6 +138,29 @@ pub struct Summary {
 impl Server {
     /// Loads the TLS material, opens the configured device (if any) and
     /// binds the listening socket.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use secure_rdma::server::{Server, ServerConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let server = Server::bind(ServerConfig {
+    ///     listen: "0.0.0.0:4433".parse()?,
+    ///     max_clients: 10,
+    ///     device: None, // the device carrying each connection's local address
+    ///     gid_index: None,
+    ///     buffer_size: 4096,
+    ///     ca: "certs/ca.pem".into(),
+    ///     cert: "certs/server.pem".into(),
+    ///     key: "certs/server.key".into(),
+    ///     handshake_timeout: Duration::from_secs(10),
+    ///     idle_timeout: Duration::from_secs(300),
+    ///     quotas: None,
+    /// })
+    /// .await?;
+    /// println!("listening on {}", server.local_addr()?);
+    /// # Ok(()) }
+    /// ```
     pub async fn bind(config: ServerConfig) -> Result<Server, ServerError> {
         if config.max_clients == 0 {
             return Err(ServerError::Config(
@@ -185,6 +210,18 @@ impl Server {
 
     /// Serves until `shutdown` resolves; then stops accepting, says bye to
     /// every client, frees everything and returns.
+    ///
+    /// ```no_run
+    /// # async fn demo(server: secure_rdma::server::Server) {
+    /// // Serve until Ctrl-C; every client's RDMA resources are freed before `run` returns.
+    /// let summary = server
+    ///     .run(async {
+    ///         let _ = tokio::signal::ctrl_c().await;
+    ///     })
+    ///     .await;
+    /// println!("served {} clients, rejected {}", summary.served, summary.rejected);
+    /// # }
+    /// ```
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Summary {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -305,68 +342,85 @@ async fn serve(
     // An explicit root: a connection's span must never nest under whatever
     // span happens to be current on the accepting thread.
     let span = tracing::info_span!(parent: None, "client", id = %identity, %peer);
-    serve_client(chan, identity, local_ip, tokens, shared, stop)
-        .instrument(span)
-        .await
+    async move {
+        match admit(chan, identity, local_ip, tokens, &shared, &stop).await {
+            Ok(admitted) => serve_session(admitted, &shared, stop).await,
+            Err(outcome) => outcome,
+        }
+    }
+    .instrument(span)
+    .await
 }
 
-async fn serve_client(
-    mut chan: Channel<tokio_rustls::server::TlsStream<TcpStream>>,
+type ServerChannel = Channel<tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// What an admitted client holds until its session is gone. Field order is
+/// drop order: the quota counts, then the slot. Both go with the RDMA
+/// resources, not after the goodbye, so a client waiting for this one to
+/// leave finds room as soon as its kernel objects are gone.
+struct Held {
+    _quota: Option<(SessionAdmission, TenantQuota)>,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// A client that passed admission: authenticated by TLS, a supported
+/// protocol version, a free slot, a device for its address and its quota
+/// counts reserved. Nothing RDMA exists for it yet.
+struct Admitted {
+    chan: ServerChannel,
+    identity: String,
+    device: Arc<Device>,
+    sgid: GidEntry,
+    tokens: Tokens,
+    session_cfg: SessionConfig,
+    held: Held,
+}
+
+/// Admission, steps 1–2 of the [handshake](crate::handshake): the hello, a
+/// slot, a device, the quotas; the client is told `accept` or why not. On a
+/// refusal everything reserved so far is released and the outcome returned.
+async fn admit(
+    mut chan: ServerChannel,
     identity: String,
     local_ip: IpAddr,
     tokens: Tokens,
-    shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
-) -> Outcome {
+    shared: &Shared,
+    stop: &watch::Receiver<bool>,
+) -> Result<Admitted, Outcome> {
     let cfg = &shared.config;
-
-    // Hello: version check.
-    let hello = tokio::time::timeout(cfg.handshake_timeout, chan.recv::<Message>()).await;
-    match hello {
-        Ok(Ok(Message::Hello { version, .. })) if version == VERSION => {}
-        Ok(Ok(Message::Hello { version, .. })) => {
-            return reject(
-                &mut chan,
-                RejectReason::Version {
-                    server: VERSION,
-                    client: version,
-                },
-            )
-            .await;
-        }
-        Ok(Ok(other)) => {
-            tracing::warn!(got = other.kind(), "expected hello; closing");
-            return Outcome::Failed;
+    match tokio::time::timeout(cfg.handshake_timeout, chan.expect_hello()).await {
+        Ok(Ok(hello)) if hello.version == VERSION => {}
+        Ok(Ok(hello)) => {
+            let reason = RejectReason::Version {
+                server: VERSION,
+                client: hello.version,
+            };
+            return Err(reject(&mut chan, reason).await);
         }
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "no hello");
-            return Outcome::Failed;
+            tracing::warn!(error = %e, "no hello; closing");
+            return Err(Outcome::Failed);
         }
         Err(_) => {
             tracing::warn!("no hello in time");
-            return Outcome::Failed;
+            return Err(Outcome::Failed);
         }
     }
     if *stop.borrow() {
-        return reject(&mut chan, RejectReason::ShuttingDown).await;
+        return Err(reject(&mut chan, RejectReason::ShuttingDown).await);
     }
     // A client slot before any RDMA resource exists.
     let Ok(slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
         let max = cfg.max_clients;
         let active = max - shared.slots.available_permits();
-        return reject(&mut chan, RejectReason::ServerFull { active, max }).await;
+        return Err(reject(&mut chan, RejectReason::ServerFull { active, max }).await);
     };
     let (device, sgid) = match shared.devices.resolve(local_ip) {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "no RDMA device for this connection");
-            return reject(
-                &mut chan,
-                RejectReason::Unavailable {
-                    detail: e.to_string(),
-                },
-            )
-            .await;
+            let detail = e.to_string();
+            return Err(reject(&mut chan, RejectReason::Unavailable { detail }).await);
         }
     };
     let session_cfg = SessionConfig {
@@ -375,7 +429,7 @@ async fn serve_client(
     };
     // Quotas are checked for everything the session will make, before any of
     // it reaches the kernel; the counts stay held until the session is gone.
-    let admitted = match &cfg.quotas {
+    let quota = match &cfg.quotas {
         None => None,
         Some(quotas) => {
             let tenant = quotas.register(TenantInfo {
@@ -395,21 +449,50 @@ async fn serve_client(
                         "INTERCEPTED: {refusal}"
                     );
                     let detail = refusal.to_string();
-                    return reject(&mut chan, RejectReason::Quota { detail }).await;
+                    return Err(reject(&mut chan, RejectReason::Quota { detail }).await);
                 }
             }
         }
     };
-    if chan
-        .send(&Message::Accept {
-            buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
-            identity: identity.clone(),
-        })
-        .await
-        .is_err()
-    {
-        return Outcome::Failed;
+    let accept = Message::Accept {
+        buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
+        identity: identity.clone(),
+    };
+    if chan.send(&accept).await.is_err() {
+        return Err(Outcome::Failed);
     }
+    Ok(Admitted {
+        chan,
+        identity,
+        device,
+        sgid,
+        tokens,
+        session_cfg,
+        held: Held {
+            _quota: quota,
+            _slot: slot,
+        },
+    })
+}
+
+/// Steps 3–6: RDMA setup and confirmation, then the client's operations
+/// until it leaves, goes idle or the server stops; then everything the
+/// client held is freed, RDMA resources first.
+async fn serve_session(
+    admitted: Admitted,
+    shared: &Shared,
+    mut stop: watch::Receiver<bool>,
+) -> Outcome {
+    let cfg = &shared.config;
+    let Admitted {
+        mut chan,
+        identity,
+        device,
+        sgid,
+        tokens,
+        session_cfg,
+        held,
+    } = admitted;
     let setup = Session::establish(&mut chan, &device, sgid, tokens, session_cfg);
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
@@ -438,12 +521,12 @@ async fn serve_client(
     let mut seq = 0u64;
     let reason = loop {
         tokio::select! {
-            msg = chan.recv::<Message>() => match msg {
-                Ok(Message::Bye) => {
+            request = chan.expect_client_request() => match request {
+                Ok(ClientRequest::Bye) => {
                     let _ = chan.send(&Message::Bye).await;
                     break "client quit".to_owned();
                 }
-                Ok(other) => break format!("protocol error: unexpected {}", other.kind()),
+                Err(e @ HandshakeError::Unexpected { .. }) => break e.to_string(),
                 Err(e) => break format!("disconnected: {e}"),
             },
             arrival = session.arrival() => {
@@ -473,11 +556,7 @@ async fn serve_client(
         }
     };
     drop(session);
-    // The slot and the quota counts go with the resources, not after the goodbye: a client
-    // waiting for this one to leave finds room as soon as its kernel objects are gone, and
-    // "client gone" below is logged only once all of it is free.
-    drop(admitted);
-    drop(slot);
+    drop(held);
     chan.close().await;
     tracing::info!(client = %identity, %reason, operations = seq, "client gone; its PD, CQs, MRs and QP are freed");
     Outcome::Served

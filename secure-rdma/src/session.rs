@@ -31,14 +31,6 @@ pub enum SessionError {
     /// The control channel failed.
     #[error(transparent)]
     Handshake(#[from] HandshakeError),
-    /// The peer sent a message that does not belong here.
-    #[error("protocol error: expected {expected}, got {got}")]
-    Unexpected {
-        /// What this step waits for.
-        expected: &'static str,
-        /// What arrived.
-        got: &'static str,
-    },
     /// The RDMA path did not deliver the peer's token in time.
     #[error("RDMA connection not confirmed within {0:?}: the peer's token never arrived over RDMA (a PSN or GID mismatch drops RC packets silently)")]
     ConfirmTimeout(Duration),
@@ -52,6 +44,14 @@ pub enum SessionError {
         len: usize,
         /// Limit.
         max: usize,
+    },
+    /// The server acknowledged another operation than the one just made.
+    #[error("protocol error: the server acknowledged a {acked} after our {sent}")]
+    WrongAck {
+        /// What this side did.
+        sent: crate::handshake::Op,
+        /// What the acknowledgement names.
+        acked: crate::handshake::Op,
     },
     /// The control channel did not answer in time.
     #[error("timed out after {0:?} waiting for {1}")]
@@ -187,27 +187,38 @@ impl std::fmt::Debug for Session {
     }
 }
 
-async fn expect<S: AsyncRead + AsyncWrite + Unpin>(
-    chan: &mut Channel<S>,
-    expected: &'static str,
+/// Bounds one control-channel step in time: `step` names it in the timeout error.
+async fn within<T>(
     timeout: Duration,
-) -> Result<Message, SessionError> {
-    let msg = tokio::time::timeout(timeout, chan.recv::<Message>())
+    step: &'static str,
+    fut: impl std::future::Future<Output = Result<T, HandshakeError>>,
+) -> Result<T, SessionError> {
+    Ok(tokio::time::timeout(timeout, fut)
         .await
-        .map_err(|_| SessionError::Timeout(timeout, expected))??;
-    if msg.kind() == expected {
-        Ok(msg)
-    } else {
-        Err(SessionError::Unexpected {
-            expected,
-            got: msg.kind(),
-        })
-    }
+        .map_err(|_| SessionError::Timeout(timeout, step))??)
 }
 
 impl Session {
     /// Creates this connection's resources on `device`, sending from `sgid`,
     /// and connects and confirms them with the peer over `chan`.
+    ///
+    /// Both ends call it once admission is done (the peer runs the same
+    /// steps); `tokens` come from the TLS session
+    /// ([`crate::tls::confirmation_token`]).
+    ///
+    /// ```no_run
+    /// use secure_rdma::handshake::Channel;
+    /// use secure_rdma::session::{Session, SessionConfig, Tokens};
+    /// use secure_rdma::verbs::Device;
+    ///
+    /// # async fn demo(tls: tokio::net::TcpStream, tokens: Tokens) -> Result<(), Box<dyn std::error::Error>> {
+    /// let (device, sgid) = Device::open_for_address("10.77.0.1".parse()?)?;
+    /// let mut chan = Channel::new(tls);
+    /// let mut session =
+    ///     Session::establish(&mut chan, &device, sgid, tokens, SessionConfig::default()).await?;
+    /// session.send(b"first message").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn establish<S: AsyncRead + AsyncWrite + Unpin>(
         chan: &mut Channel<S>,
         device: &Arc<Device>,
@@ -242,16 +253,12 @@ impl Session {
             buffer: data_mr.remote(),
         };
         chan.send(&Message::Endpoint { endpoint: local }).await?;
-        let remote = match expect(chan, "endpoint", config.timeout).await? {
-            Message::Endpoint { endpoint } => endpoint,
-            other => {
-                return Err(SessionError::Unexpected {
-                    expected: "endpoint",
-                    got: other.kind(),
-                })
-            }
-        };
-        remote.validate()?;
+        let remote = within(
+            config.timeout,
+            "the peer's endpoint",
+            chan.expect_endpoint(),
+        )
+        .await?;
 
         let qp = qp.into_rtr(RtrParams {
             remote_qpn: remote.qpn,
@@ -274,7 +281,7 @@ impl Session {
 
         // Both QPs in RTS before the first RDMA message.
         chan.send(&Message::Ready).await?;
-        expect(chan, "ready", config.timeout).await?;
+        within(config.timeout, "the peer's ready", chan.expect_ready()).await?;
 
         send_mr.write(0, &tokens.mine)?;
         qp.post_send(TOKEN_WR, &send_mr, 0..TOKEN_LEN)?;
@@ -302,7 +309,12 @@ impl Session {
         }
         qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
         chan.send(&Message::Confirmed).await?;
-        expect(chan, "confirmed", config.timeout).await?;
+        within(
+            config.timeout,
+            "the peer's confirmation",
+            chan.expect_confirmed(),
+        )
+        .await?;
 
         Ok(Session {
             qp,
@@ -383,11 +395,7 @@ impl Session {
         let bs = self.config.buffer_size;
         let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
         if slot >= self.config.recv_slots {
-            return Err(VerbsError::Invalid(format!(
-                "completion for unknown receive {}",
-                wc.wr_id
-            ))
-            .into());
+            return Err(VerbsError::UnknownReceive(wc.wr_id).into());
         }
         let arrival = match wc.opcode {
             WcOpcode::Recv => Arrival::Send(self.recv_mr.read(slot * bs, wc.byte_len as usize)?),
@@ -395,11 +403,7 @@ impl Session {
                 let len = wc.imm_data.unwrap_or(0) as usize;
                 Arrival::Write(self.data_mr.read(0, len)?)
             }
-            other => {
-                return Err(
-                    VerbsError::Invalid(format!("unexpected receive completion {other}")).into(),
-                )
-            }
+            other => return Err(VerbsError::UnexpectedCompletion(other).into()),
         };
         self.qp
             .post_recv(slot as u64, &self.recv_mr, slot * bs..(slot + 1) * bs)?;

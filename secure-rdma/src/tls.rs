@@ -18,28 +18,64 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A PEM file could not be read or parsed.
-    #[error("{path}: {reason}")]
+    #[error("{path}: {source}")]
     Pem {
         /// The file.
         path: String,
         /// What was wrong.
-        reason: String,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    /// A PEM file holds no certificate.
+    #[error("{path}: no certificate in file")]
+    NoCertificate {
+        /// The file.
+        path: String,
+    },
+    /// A CA certificate was not accepted as a trust anchor.
+    #[error("{path}: {source}")]
+    BadCa {
+        /// The file.
+        path: String,
+        /// Why webpki refused it.
+        #[source]
+        source: rustls::Error,
     },
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
     /// The client verifier could not be built.
     #[error("client certificate verifier: {0}")]
-    Verifier(String),
+    Verifier(#[from] rustls::server::VerifierBuilderError),
     /// The peer presented no usable certificate.
     #[error("peer certificate: {0}")]
-    Identity(String),
+    Identity(#[from] IdentityError),
 }
 
-fn pem_err(path: &Path, e: impl std::fmt::Display) -> TlsError {
+/// Why a certificate gives no identity.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// The client sent no certificate.
+    #[error("client presented no certificate")]
+    NoCertificate,
+    /// The certificate is not valid X.509 DER.
+    #[error("{0}")]
+    Parse(#[from] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    /// The subject has no common name.
+    #[error("no common name")]
+    NoCommonName,
+    /// The common name is not a UTF-8 string.
+    #[error("{0}")]
+    CommonName(#[source] x509_parser::error::X509Error),
+    /// The common name is not a valid identity.
+    #[error("{0}")]
+    Name(#[from] crate::certs::CertError),
+}
+
+fn pem_err(path: &Path, source: rustls::pki_types::pem::Error) -> TlsError {
     TlsError::Pem {
         path: path.display().to_string(),
-        reason: e.to_string(),
+        source,
     }
 }
 
@@ -50,7 +86,9 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| pem_err(path, e))?;
     if certs.is_empty() {
-        return Err(pem_err(path, "no certificate in file"));
+        return Err(TlsError::NoCertificate {
+            path: path.display().to_string(),
+        });
     }
     Ok(certs)
 }
@@ -63,7 +101,10 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 fn roots(ca: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for cert in load_certs(ca)? {
-        roots.add(cert).map_err(|e| pem_err(ca, e))?;
+        roots.add(cert).map_err(|source| TlsError::BadCa {
+            path: ca.display().to_string(),
+            source,
+        })?;
     }
     Ok(roots)
 }
@@ -75,9 +116,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Server configuration: TLS 1.3 only, client certificates from `ca`
 /// required.
 pub fn server_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-        .build()
-        .map_err(|e| TlsError::Verifier(e.to_string()))?;
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider()).build()?;
     let config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
@@ -107,15 +147,15 @@ pub fn client_config_without_cert(ca: &Path) -> Result<Arc<ClientConfig>, TlsErr
 
 /// The identity in a certificate: its subject common name.
 pub fn identity_of(cert: &CertificateDer<'_>) -> Result<String, TlsError> {
-    let (_, x509) = x509_parser::parse_x509_certificate(cert.as_ref())
-        .map_err(|e| TlsError::Identity(e.to_string()))?;
+    let (_, x509) =
+        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(IdentityError::from)?;
     let cn = x509
         .subject()
         .iter_common_name()
         .next()
-        .ok_or_else(|| TlsError::Identity("no common name".to_owned()))?;
-    let name = cn.as_str().map_err(|e| TlsError::Identity(e.to_string()))?;
-    crate::certs::validate_name(name).map_err(|e| TlsError::Identity(e.to_string()))?;
+        .ok_or(IdentityError::NoCommonName)?;
+    let name = cn.as_str().map_err(IdentityError::CommonName)?;
+    crate::certs::validate_name(name).map_err(IdentityError::from)?;
     Ok(name.to_owned())
 }
 
@@ -124,7 +164,7 @@ pub fn client_identity(conn: &rustls::ServerConnection) -> Result<String, TlsErr
     let cert = conn
         .peer_certificates()
         .and_then(|c| c.first())
-        .ok_or_else(|| TlsError::Identity("client presented no certificate".to_owned()))?;
+        .ok_or(TlsError::Identity(IdentityError::NoCertificate))?;
     identity_of(cert)
 }
 

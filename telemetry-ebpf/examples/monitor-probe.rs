@@ -37,8 +37,8 @@ fn counters_json(m: &Monitor, label: &str) -> Value {
     };
     let mut cgroups = Map::new();
     for (id, cg) in &c.per_cgroup {
-        let path = telemetry_ebpf::report::cgroup_path(*id, std::path::Path::new("/sys/fs/cgroup"))
-            .unwrap_or_default();
+        let root = std::path::Path::new(rdma_quota::cgroup::CGROUP_ROOT);
+        let path = rdma_quota::cgroup::path_of_id(root, *id).unwrap_or_default();
         cgroups.insert(
             id.to_string(),
             json!({

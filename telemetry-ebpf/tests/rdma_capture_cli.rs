@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use telemetry_ebpf::decode::doc_example_frame;
-use telemetry_ebpf::decode::pcap::{LinkType, PcapWriter, Resolution, Timestamp};
+use roce::doc_example_frame;
+use roce::pcap::{LinkType, PcapWriter, Resolution, Timestamp};
 
 fn rdma_capture(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rdma-capture"))
@@ -63,7 +63,7 @@ fn reads_a_pcap_file_prints_text_and_a_summary() {
 fn json_qpn_and_class_filters_and_rewriting_the_pcap() {
     let dir = tempfile::tempdir().unwrap();
     let file = sample(dir.path());
-    let qpn = telemetry_ebpf::decode::decode_ethernet(&doc_example_frame())
+    let qpn = roce::decode_ethernet(&doc_example_frame())
         .unwrap()
         .bth
         .dest_qp;
@@ -90,7 +90,7 @@ fn json_qpn_and_class_filters_and_rewriting_the_pcap() {
     assert_eq!(summary["flows"][0]["summary"]["duplicates"], 1);
     // The written file holds the two packets shown, not the garbage frame.
     let written = std::fs::read(&copy).unwrap();
-    let (_, records) = telemetry_ebpf::decode::pcap::read(&written).unwrap();
+    let (_, records) = roce::pcap::read(&written).unwrap();
     assert_eq!(records.count(), 2);
 
     let out = rdma_capture(&["-r", &file, "--class", "send,write", "--json"]);

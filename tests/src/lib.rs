@@ -127,7 +127,7 @@ impl TestCgroup {
     /// Creates `/sys/fs/cgroup/NAME-PID`.
     pub fn new(name: &str) -> TestCgroup {
         let dir = Path::new("/sys/fs/cgroup").join(format!("{name}-{}", std::process::id()));
-        telemetry_ebpf::rdma_cgroup::create(&dir)
+        rdma_quota::rdma_cgroup::create(&dir)
             .unwrap_or_else(|e| panic!("creating cgroup {}: {e}", dir.display()));
         TestCgroup(dir)
     }

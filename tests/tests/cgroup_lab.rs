@@ -6,10 +6,10 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use rdma_quota::rdma_cgroup::{self, DeviceLimit};
 use secure_rdma_tests::{
     require_lab, spawn, text, wait_listening, wait_with_deadline, TestCgroup, ADDR_A,
 };
-use telemetry_ebpf::rdma_cgroup::{self, DeviceLimit};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

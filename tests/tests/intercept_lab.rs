@@ -8,7 +8,7 @@
 //! same target directory:
 //!
 //! ```text
-//! cargo build -p rdma-intercept -p telemetry-ebpf --bin rdma-collector
+//! cargo build -p rdma-intercept -p rdma-collector
 //! cargo test -p secure-rdma-tests --no-run
 //! ```
 
@@ -66,7 +66,7 @@ impl CollectorProc {
         let exe = bin("rdma-collector");
         assert!(
             exe.exists(),
-            "{} missing: build it first with `cargo build -p telemetry-ebpf --bin rdma-collector`",
+            "{} missing: build it first with `cargo build -p rdma-collector --bin rdma-collector`",
             exe.display()
         );
         let dir = tempfile::tempdir().expect("temp dir");

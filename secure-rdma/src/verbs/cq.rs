@@ -190,9 +190,7 @@ impl CompletionQueue {
             .build()
             .map_err(|e| VerbsError::verb("ibv_create_cq", name, e))?;
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(VerbsError::Invalid(
-                "completion queues must be created inside a tokio runtime".to_owned(),
-            ));
+            return Err(VerbsError::NoRuntime);
         }
         // SAFETY: the fd belongs to `channel`, which this struct keeps open
         // until after `fd` is dropped (field order).

@@ -39,7 +39,7 @@ fn device_names(list: &DeviceList) -> Vec<String> {
 }
 
 fn list_devices() -> Result<DeviceList, VerbsError> {
-    DeviceList::new().map_err(|e| VerbsError::DeviceList(e.to_string()))
+    DeviceList::new().map_err(|e| VerbsError::DeviceList(e.into()))
 }
 
 impl Device {

@@ -39,7 +39,7 @@ use std::time::Duration;
 pub enum VerbsError {
     /// libibverbs could not list devices (library or provider missing).
     #[error("cannot list RDMA devices: {0} (are libibverbs1 and ibverbs-providers installed?)")]
-    DeviceList(String),
+    DeviceList(#[source] BoxError),
     /// There is no RDMA device at all.
     #[error("no RDMA device found (for Soft-RoCE run scripts/setup-softroce.sh)")]
     NoDevice,
@@ -63,17 +63,18 @@ pub enum VerbsError {
     #[error(transparent)]
     Gid(#[from] NoMatchingGid),
     /// A verb returned an error.
-    #[error("{verb} failed on {device}: {reason}")]
+    #[error("{verb} failed on {device}: {source}")]
     Verb {
         /// The libibverbs call, e.g. `ibv_create_qp`.
         verb: &'static str,
         /// Device name.
         device: String,
         /// What the library said.
-        reason: String,
+        #[source]
+        source: BoxError,
     },
     /// A queue pair state transition was refused by the device.
-    #[error("QP {qpn} on {device}: transition {from} -> {to} failed: {reason}")]
+    #[error("QP {qpn} on {device}: transition {from} -> {to} failed: {source}")]
     Transition {
         /// Device name.
         device: String,
@@ -84,11 +85,43 @@ pub enum VerbsError {
         /// State asked for.
         to: &'static str,
         /// What the device said.
-        reason: String,
+        #[source]
+        source: BoxError,
     },
-    /// A parameter was invalid before any verb was called.
+    /// A PSN or QPN outside 24 bits.
     #[error("invalid parameter: {0}")]
-    Invalid(String),
+    OutOfRange(#[from] crate::psn::OutOfRange),
+    /// QP0 and QP1 are the management QPs, never an RC peer.
+    #[error("invalid parameter: remote QPN {0} is a special QP (0 and 1 are reserved)")]
+    ReservedQpn(crate::psn::Qpn),
+    /// The remote GID is all zeros.
+    #[error("invalid parameter: remote GID is all zeros")]
+    ZeroGid,
+    /// A GID index too large for the address vector (8 bits).
+    #[error("invalid parameter: GID index {0} does not fit in 8 bits")]
+    GidIndexTooLarge(u32),
+    /// A memory region posted on a QP of another protection domain.
+    #[error("invalid parameter: memory region belongs to another protection domain")]
+    ForeignRegion,
+    /// More bytes than one work request can carry (32 bits).
+    #[error("invalid parameter: {0} bytes exceed one work request")]
+    WorkRequestTooLarge(usize),
+    /// A memory region of zero bytes.
+    #[error("invalid parameter: a memory region cannot be empty")]
+    EmptyRegion,
+    /// The region's buffer could not be laid out or allocated.
+    #[error("cannot allocate {0} bytes for a memory region")]
+    RegionAlloc(usize),
+    /// A completion queue made outside a tokio runtime (its events are
+    /// driven by the runtime's reactor).
+    #[error("completion queues must be created inside a tokio runtime")]
+    NoRuntime,
+    /// A receive completion for a work request this side never posted.
+    #[error("completion for unknown receive {0}")]
+    UnknownReceive(u64),
+    /// A completion of a kind the receive queue never expects.
+    #[error("unexpected receive completion {0}")]
+    UnexpectedCompletion(WcOpcode),
     /// A completion did not arrive in time. On RC a PSN or GID mismatch
     /// produces exactly this: the peer silently drops every packet.
     #[error("timed out after {after:?} waiting for {what}")]
@@ -128,18 +161,15 @@ pub enum VerbsError {
     },
 }
 
+/// The error a verbs library call returned, kept as the typed cause.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 impl VerbsError {
-    fn verb(verb: &'static str, device: &str, reason: impl std::fmt::Display) -> Self {
+    fn verb(verb: &'static str, device: &str, source: impl Into<BoxError>) -> Self {
         VerbsError::Verb {
             verb,
             device: device.to_owned(),
-            reason: reason.to_string(),
+            source: source.into(),
         }
-    }
-}
-
-impl From<crate::psn::OutOfRange> for VerbsError {
-    fn from(e: crate::psn::OutOfRange) -> Self {
-        VerbsError::Invalid(e.to_string())
     }
 }

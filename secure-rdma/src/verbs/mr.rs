@@ -124,16 +124,13 @@ impl MemoryRegion {
         access: MrAccess,
     ) -> Result<Arc<Self>, VerbsError> {
         if len == 0 {
-            return Err(VerbsError::Invalid(
-                "a memory region cannot be empty".to_owned(),
-            ));
+            return Err(VerbsError::EmptyRegion);
         }
-        let layout = Layout::from_size_align(len, PAGE)
-            .map_err(|e| VerbsError::Invalid(format!("memory region of {len} bytes: {e}")))?;
+        let layout =
+            Layout::from_size_align(len, PAGE).map_err(|_| VerbsError::RegionAlloc(len))?;
         // SAFETY: layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(|| {
-            VerbsError::Invalid(format!("cannot allocate {len} bytes for a memory region"))
-        })?;
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })
+            .ok_or(VerbsError::RegionAlloc(len))?;
         let buf = Buffer { ptr, layout };
         // SAFETY: the buffer is valid for `len` bytes and lives in `Self`,
         // which deregisters before freeing it.

@@ -126,12 +126,10 @@ impl RtrParams {
         let remote_qpn = Qpn::new(remote_qpn)?;
         if remote_qpn.get() < 2 {
             // QP0 and QP1 are the management QPs, never an RC peer.
-            return Err(VerbsError::Invalid(format!(
-                "remote QPN {remote_qpn} is a special QP (0 and 1 are reserved)"
-            )));
+            return Err(VerbsError::ReservedQpn(remote_qpn));
         }
         if remote_gid.is_zero() {
-            return Err(VerbsError::Invalid("remote GID is all zeros".to_owned()));
+            return Err(VerbsError::ZeroGid);
         }
         Ok(RtrParams {
             remote_qpn,
@@ -255,12 +253,8 @@ impl QueuePair<Reset> {
 impl QueuePair<Init> {
     /// INIT → RTR: binds the queue pair to its peer.
     pub fn into_rtr(mut self, p: RtrParams) -> Result<QueuePair<Rtr>, VerbsError> {
-        let sgid_index = u8::try_from(self.sgid.index).map_err(|_| {
-            VerbsError::Invalid(format!(
-                "GID index {} does not fit in 8 bits",
-                self.sgid.index
-            ))
-        })?;
+        let sgid_index = u8::try_from(self.sgid.index)
+            .map_err(|_| VerbsError::GidIndexTooLarge(self.sgid.index))?;
         let mut av = AddressHandleAttribute::new();
         av.setup_dest_lid(0)
             .setup_port(PORT)
@@ -349,7 +343,7 @@ impl<S: QpState> QueuePair<S> {
             qpn: self.qpn,
             from: S::NAME,
             to,
-            reason: e.to_string(),
+            source: e.into(),
         })
     }
 
@@ -370,14 +364,10 @@ impl<S: QpState> QueuePair<S> {
     /// may reference it until the QP is destroyed.
     fn pin(&mut self, mr: &Arc<MemoryRegion>, range: &Range<usize>) -> Result<(), VerbsError> {
         if !Arc::ptr_eq(mr.pd(), &self.pd) {
-            return Err(VerbsError::Invalid(
-                "memory region belongs to another protection domain".to_owned(),
-            ));
+            return Err(VerbsError::ForeignRegion);
         }
         mr.check(range)?;
-        u32::try_from(range.len()).map_err(|_| {
-            VerbsError::Invalid(format!("{} bytes exceed one work request", range.len()))
-        })?;
+        u32::try_from(range.len()).map_err(|_| VerbsError::WorkRequestTooLarge(range.len()))?;
         if !self.pinned.iter().any(|p| Arc::ptr_eq(p, mr)) {
             self.pinned.push(Arc::clone(mr));
         }

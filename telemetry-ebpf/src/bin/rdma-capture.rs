@@ -47,7 +47,8 @@ struct Args {
     /// Capture inside rxe with kprobes instead of on the netdev (same-device traffic too).
     #[arg(long)]
     rxe: bool,
-    /// Decode this pcap file (Ethernet or raw IP) instead of capturing; needs no privileges.
+    /// Decode this pcap or pcapng file (Ethernet or raw IP) instead of capturing; needs no
+    /// privileges.
     #[arg(short = 'r', long, value_name = "FILE.pcap", conflicts_with_all = ["interface", "device", "rxe", "duration"])]
     read: Option<PathBuf>,
     /// Write the packets shown to this pcap file (Ethernet, nanosecond timestamps).

@@ -1,6 +1,6 @@
 //! `rdma-monitor`: eBPF telemetry of the RDMA control path, with enforced
 //! thresholds. Argument parsing and wiring only; the work is in
-//! `telemetry_ebpf::{monitor, report, collector}` and `secure_rdma::quota`.
+//! `telemetry_ebpf::{monitor, report}`, `rdma_collector` and `rdma_quota`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,8 +8,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
-use telemetry_ebpf::collector::{Collector, TenantBy, DEFAULT_SOCKET};
+use rdma_cli::logging::{self, LogFormat};
+use rdma_collector::Collector;
+use rdma_quota::tenant::TenantBy;
+use rdma_quota::wire::DEFAULT_SOCKET;
+use rdma_quota::{LimitSetting, QuotaConfig, Quotas};
 use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
 use telemetry_ebpf::report::{self, AttachReport, Sampler, Snapshot};
 use tokio::signal::unix::{signal, SignalKind};
@@ -73,7 +76,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 }
 
 fn main() {
-    secure_rdma::logging::init(secure_rdma::logging::LogFormat::Text, "info");
+    logging::init(LogFormat::Text, "info");
     let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::decode::Packet;
-use crate::decode::{Operation, Transport};
+use roce::Packet;
+use roce::{Operation, Transport};
 
 /// A class of opcodes, as named on the command line (`--class send,ack`).
 ///
@@ -139,13 +139,13 @@ impl fmt::Display for OpClass {
 ///
 /// ```
 /// use telemetry_ebpf::capture::filter::ClassFilter;
-/// # let frame = telemetry_ebpf::decode::doc_example_frame();
-/// let ack = telemetry_ebpf::decode::decode_ethernet(&frame)?;
+/// # let frame = roce::doc_example_frame();
+/// let ack = roce::decode_ethernet(&frame)?;
 ///
 /// assert!(ClassFilter::parse("ack,cnp").unwrap().matches(&ack));
 /// assert!(!ClassFilter::parse("send").unwrap().matches(&ack));
 /// assert!(ClassFilter::default().matches(&ack));
-/// # Ok::<(), telemetry_ebpf::decode::DecodeError>(())
+/// # Ok::<(), roce::DecodeError>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClassFilter {
@@ -183,7 +183,7 @@ impl ClassFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::Opcode;
+    use roce::Opcode;
 
     #[test]
     fn every_name_round_trips() {
@@ -221,8 +221,8 @@ mod tests {
     }
 
     fn class_matches_operation(class: OpClass, op: Operation) -> bool {
-        let frame = crate::decode::doc_example_frame();
-        let mut p = crate::decode::decode_ethernet(&frame).unwrap();
+        let frame = roce::doc_example_frame();
+        let mut p = roce::decode_ethernet(&frame).unwrap();
         let code = Opcode::all()
             .find(|o| o.transport() == Transport::Rc && o.operation() == op)
             .unwrap();

@@ -1,4 +1,5 @@
-//! Decoding a pcap file instead of live traffic (`rdma-capture -r FILE`).
+//! Decoding a capture file instead of live traffic (`rdma-capture -r FILE`): classic pcap or
+//! pcapng, Ethernet or raw IP.
 //!
 //! Needs no privileges and no kernel support, so a capture taken elsewhere (tcpdump on a
 //! ConnectX port, or `rdma-capture -w`) gets the same decoding, filters and QP following.
@@ -7,12 +8,12 @@ use std::io::{self, Write};
 
 use super::processor::Processor;
 use super::record::{Record, Source};
-use crate::decode::pcap::{self, LinkType, PcapError};
+use roce::pcap::{self, LinkType, PcapError};
 
 /// Why a file could not be replayed.
 #[derive(Debug, thiserror::Error)]
 pub enum OfflineError {
-    /// The file is not a pcap file, or is cut short.
+    /// The file is not a pcap or pcapng file, or is cut short.
     #[error("{0}")]
     Pcap(#[from] PcapError),
     /// The file's link type holds neither Ethernet nor raw IP.
@@ -29,8 +30,8 @@ pub enum OfflineError {
 /// ```
 /// use telemetry_ebpf::capture::offline::replay;
 /// use telemetry_ebpf::capture::processor::{Output, Processor, ProcessorConfig};
-/// use telemetry_ebpf::decode::pcap::{LinkType, PcapWriter, Resolution, Timestamp};
-/// # let frame = telemetry_ebpf::decode::doc_example_frame();
+/// use roce::pcap::{LinkType, PcapWriter, Resolution, Timestamp};
+/// # let frame = roce::doc_example_frame();
 ///
 /// let mut w = PcapWriter::new(Vec::new(), LinkType::Ethernet, 2048, Resolution::Nanos)?;
 /// w.write_packet(Timestamp::new(1_700_000_000, 0), &frame, frame.len())?;
@@ -51,21 +52,25 @@ pub fn replay<'a, W: Write>(
     limit: Option<u64>,
 ) -> Result<u64, OfflineError> {
     let (header, records) = pcap::read(file)?;
-    let source = match header.link {
-        LinkType::Ethernet => Source::File,
-        LinkType::Raw => Source::FileRaw,
-        LinkType::Other(code) => return Err(OfflineError::LinkType(code)),
+    // Refuse a file of another link type before printing anything. A pcapng file may describe
+    // more interfaces later; each record is checked again below.
+    source_of(header.link)?;
+    let as_live = |record: pcap::Record<'a>| -> Result<Record<'a>, OfflineError> {
+        Ok(Record {
+            ifindex: 0,
+            source: source_of(record.link)?,
+            orig_len: record.orig_len,
+            ktime_ns: 0,
+            data: record.data,
+        })
     };
     // A file is known in advance: learn which flows belong to a followed QP first, so the
     // peer's packets show in file order from the first one.
-    let as_live = |record: pcap::Record<'a>| Record {
-        ifindex: 0,
-        source,
-        orig_len: record.orig_len,
-        ktime_ns: 0,
-        data: record.data,
-    };
-    processor.learn_flows(records.clone().map(|r| r.map(as_live)));
+    processor.learn_flows(
+        records
+            .clone()
+            .map(|r| r.map_err(OfflineError::from).and_then(as_live)),
+    );
     let mut read = 0;
     for record in records {
         if limit.is_some_and(|l| processor.shown() >= l) {
@@ -74,22 +79,31 @@ pub fn replay<'a, W: Write>(
         let record = record?;
         read += 1;
         let ts = record.ts;
-        for line in processor.process(&as_live(record), ts)? {
+        for line in processor.process(&as_live(record)?, ts)? {
             emit(line)?;
         }
     }
     Ok(read)
 }
 
+/// Where a file's records start: Ethernet or IP; other link types are not decoded.
+fn source_of(link: LinkType) -> Result<Source, OfflineError> {
+    match link {
+        LinkType::Ethernet => Ok(Source::File),
+        LinkType::Raw => Ok(Source::FileRaw),
+        LinkType::Other(code) => Err(OfflineError::LinkType(code)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::capture::processor::{KernelCounters, ProcessorConfig};
-    use crate::decode::pcap::{PcapWriter, Resolution, Timestamp};
+    use roce::pcap::{PcapWriter, Resolution, Timestamp};
 
     #[test]
     fn raw_ip_files_decode_and_other_link_types_are_refused() {
-        let frame = crate::decode::doc_example_frame();
+        let frame = roce::doc_example_frame();
         let mut w = PcapWriter::new(Vec::new(), LinkType::Raw, 2048, Resolution::Micros).unwrap();
         w.write_packet(Timestamp::new(1, 0), &frame[14..], frame.len() - 14)
             .unwrap();

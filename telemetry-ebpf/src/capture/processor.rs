@@ -12,10 +12,10 @@ use serde::Serialize;
 
 use super::filter::ClassFilter;
 use super::record::{Record, Source};
-use crate::decode::follow::{DirectionSummary, FlowKey, FollowConfig, Follower, PsnEvent};
-use crate::decode::pcap::{self, LinkType, PcapWriter, Resolution, Timestamp};
-use crate::decode::stats::Stats;
-use crate::decode::{self, internet_checksum, render};
+use roce::follow::{DirectionSummary, FlowKey, FollowConfig, Follower, PsnEvent};
+use roce::pcap::{self, LinkType, PcapWriter, Resolution, Timestamp};
+use roce::stats::Stats;
+use roce::{internet_checksum, render};
 
 /// How packets are printed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,8 +62,8 @@ pub struct KernelCounters {
 /// ```
 /// use telemetry_ebpf::capture::processor::{Output, Processor, ProcessorConfig};
 /// use telemetry_ebpf::capture::record::{Record, Source};
-/// use telemetry_ebpf::decode::pcap::Timestamp;
-/// # let frame = telemetry_ebpf::decode::doc_example_frame();
+/// use roce::pcap::Timestamp;
+/// # let frame = roce::doc_example_frame();
 ///
 /// let config = ProcessorConfig { output: Output::Json, ..ProcessorConfig::default() };
 /// let mut p = Processor::new(config, None::<Vec<u8>>, 2048)?;
@@ -149,7 +149,7 @@ impl<W: Write> Processor<W> {
         if filled {
             self.ip_checksums_filled += 1;
         }
-        let result = decode::decode_ethernet_snapped(&frame, orig_len);
+        let result = roce::decode_ethernet_snapped(&frame, orig_len);
         self.stats.record(&result, orig_len);
 
         let packet = match result {
@@ -217,7 +217,7 @@ impl<W: Write> Processor<W> {
         let mut lines = Vec::new();
         for h in release {
             // It decoded when it was held, and its bytes have not changed since.
-            if let Ok(packet) = decode::decode_ethernet_snapped(&h.frame, h.orig_len) {
+            if let Ok(packet) = roce::decode_ethernet_snapped(&h.frame, h.orig_len) {
                 lines.extend(self.show(h.source, h.ts, &h.frame, h.orig_len, &packet, h.event)?);
             }
         }
@@ -240,7 +240,7 @@ impl<W: Write> Processor<W> {
         ts: Timestamp,
         frame: &[u8],
         orig_len: usize,
-        packet: &decode::Packet<'_>,
+        packet: &roce::Packet<'_>,
         event: PsnEvent,
     ) -> io::Result<Option<String>> {
         self.save(ts, frame, orig_len)?;
@@ -289,7 +289,7 @@ impl<W: Write> Processor<W> {
         for record in records {
             let Ok(record) = record else { break };
             let (frame, orig_len, _) = as_ethernet(&record);
-            if let Ok(packet) = decode::decode_ethernet_snapped(&frame, orig_len) {
+            if let Ok(packet) = roce::decode_ethernet_snapped(&frame, orig_len) {
                 scout.observe(&packet);
             }
         }
@@ -470,10 +470,10 @@ impl fmt::Display for Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::pcap;
+    use roce::pcap;
 
     fn ack_frame() -> Vec<u8> {
-        decode::doc_example_frame()
+        roce::doc_example_frame()
     }
 
     fn record(data: &[u8], source: Source) -> Record<'_> {
@@ -541,7 +541,7 @@ mod tests {
     #[test]
     fn qpn_filter_follows_and_reports_duplicates_in_json() {
         let frame = ack_frame();
-        let qpn = decode::decode_ethernet(&frame).unwrap().bth.dest_qp;
+        let qpn = roce::decode_ethernet(&frame).unwrap().bth.dest_qp;
         let config = ProcessorConfig {
             qpn: Some(qpn),
             output: Output::Json,

@@ -1,12 +1,14 @@
 //! The ring-buffer record format written by `bpf/capture.bpf.c`, and clock conversion.
 
-use crate::decode::pcap::Timestamp;
+use roce::pcap::Timestamp;
+
+use crate::abi::{self, capture_header as off};
 
 /// Largest snap length the BPF programs support (`SNAP` in `capture.bpf.c`).
-pub const MAX_SNAPLEN: u32 = 2048;
+pub const MAX_SNAPLEN: u32 = abi::SNAP;
 
 /// Size of the record header before the frame bytes.
-pub const RECORD_HEADER_LEN: usize = 24;
+pub const RECORD_HEADER_LEN: usize = abi::CAPTURE_HEADER_LEN;
 
 /// Where a packet was seen, and so where its bytes start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,17 +74,17 @@ fn u32_at(b: &[u8], off: usize) -> Option<u32> {
 /// Parses a record; `None` when it is shorter than its header, names an unknown source, or its
 /// lengths are inconsistent.
 pub fn parse_record(b: &[u8]) -> Option<Record<'_>> {
-    let ifindex = u32_at(b, 0)?;
-    let source = match *b.get(4)? {
-        0 => Source::Ingress,
-        1 => Source::Egress,
-        2 => Source::RxeSend,
-        3 => Source::RxeRecv,
+    let ifindex = u32_at(b, off::IFINDEX)?;
+    let source = match u32::from(*b.get(off::DIR)?) {
+        abi::SOURCE_INGRESS => Source::Ingress,
+        abi::SOURCE_EGRESS => Source::Egress,
+        abi::SOURCE_RXE_SEND => Source::RxeSend,
+        abi::SOURCE_RXE_RECV => Source::RxeRecv,
         _ => return None,
     };
-    let orig_len = u32_at(b, 8)?;
-    let cap_len = usize::try_from(u32_at(b, 12)?).ok()?;
-    let ktime_ns = u64::from_le_bytes(b.get(16..24)?.try_into().ok()?);
+    let orig_len = u32_at(b, off::ORIG_LEN)?;
+    let cap_len = usize::try_from(u32_at(b, off::CAP_LEN)?).ok()?;
+    let ktime_ns = u64::from_le_bytes(b.get(off::KTIME_NS..off::KTIME_NS + 8)?.try_into().ok()?);
     let data = b.get(RECORD_HEADER_LEN..RECORD_HEADER_LEN.checked_add(cap_len)?)?;
     Some(Record {
         ifindex,

@@ -1,14 +1,14 @@
 //! The event record that `bpf/monitor.bpf.c` writes to the ring buffer, and its parser.
 
-use secure_rdma::quota::Verb;
+use rdma_quota::Verb;
 
-/// Size of one raw event record (`struct event` in `bpf/monitor.bpf.c`).
-pub const EVENT_RECORD_LEN: usize = 120;
+use crate::abi::{self, monitor_event as off};
 
-const COMM_OFF: usize = 40;
-const COMM_LEN: usize = 16;
-const DEVICE_OFF: usize = COMM_OFF + COMM_LEN;
-const DEVICE_LEN: usize = 64;
+/// Size of one raw event record (`struct event` in `bpf/monitor.bpf.c`, [`abi::MonitorEvent`]).
+pub const EVENT_RECORD_LEN: usize = abi::MONITOR_EVENT_LEN;
+
+const COMM_LEN: usize = abi::COMM_LEN as usize;
+const DEVICE_LEN: usize = abi::IB_DEVICE_NAME_MAX as usize;
 
 /// One RDMA control-path call seen by the kernel programs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,35 +81,35 @@ pub fn parse_event(raw: &[u8]) -> Result<Event, EventParseError> {
     if raw.len() < EVENT_RECORD_LEN {
         return Err(EventParseError::Truncated { len: raw.len() });
     }
-    let verb_id = raw[36];
+    let verb_id = raw[off::VERB];
     let verb = Verb::from_id(verb_id).ok_or(EventParseError::UnknownVerb(verb_id))?;
     Ok(Event {
-        ktime_ns: u64_at(raw, 0),
-        cgroup_id: u64_at(raw, 8),
-        latency_ns: u64_at(raw, 16),
-        pid: u32_at(raw, 24),
-        // raw[28..32] is the thread id, not exposed.
-        result: u32_at(raw, 32) as i32,
+        ktime_ns: u64_at(raw, off::KTIME_NS),
+        cgroup_id: u64_at(raw, off::CGROUP_ID),
+        latency_ns: u64_at(raw, off::LATENCY_NS),
+        pid: u32_at(raw, off::PID),
+        // The thread id (off::TID) is not exposed.
+        result: u32_at(raw, off::RESULT) as i32,
         verb,
-        comm: c_str(&raw[COMM_OFF..COMM_OFF + COMM_LEN]),
-        device: c_str(&raw[DEVICE_OFF..DEVICE_OFF + DEVICE_LEN]),
+        comm: c_str(&raw[off::COMM..off::COMM + COMM_LEN]),
+        device: c_str(&raw[off::DEVICE..off::DEVICE + DEVICE_LEN]),
     })
 }
 
 #[cfg(test)]
 pub(crate) fn encode_event(e: &Event, tid: u32) -> Vec<u8> {
     let mut b = vec![0u8; EVENT_RECORD_LEN];
-    b[0..8].copy_from_slice(&e.ktime_ns.to_le_bytes());
-    b[8..16].copy_from_slice(&e.cgroup_id.to_le_bytes());
-    b[16..24].copy_from_slice(&e.latency_ns.to_le_bytes());
-    b[24..28].copy_from_slice(&e.pid.to_le_bytes());
-    b[28..32].copy_from_slice(&tid.to_le_bytes());
-    b[32..36].copy_from_slice(&e.result.to_le_bytes());
-    b[36] = e.verb.id();
+    b[off::KTIME_NS..][..8].copy_from_slice(&e.ktime_ns.to_le_bytes());
+    b[off::CGROUP_ID..][..8].copy_from_slice(&e.cgroup_id.to_le_bytes());
+    b[off::LATENCY_NS..][..8].copy_from_slice(&e.latency_ns.to_le_bytes());
+    b[off::PID..][..4].copy_from_slice(&e.pid.to_le_bytes());
+    b[off::TID..][..4].copy_from_slice(&tid.to_le_bytes());
+    b[off::RESULT..][..4].copy_from_slice(&e.result.to_le_bytes());
+    b[off::VERB] = e.verb.id();
     let comm = e.comm.as_bytes();
-    b[COMM_OFF..COMM_OFF + comm.len()].copy_from_slice(comm);
+    b[off::COMM..off::COMM + comm.len()].copy_from_slice(comm);
     let dev = e.device.as_bytes();
-    b[DEVICE_OFF..DEVICE_OFF + dev.len()].copy_from_slice(dev);
+    b[off::DEVICE..off::DEVICE + dev.len()].copy_from_slice(dev);
     b
 }
 
@@ -173,8 +173,8 @@ mod tests {
     #[test]
     fn unterminated_and_non_utf8_strings() {
         let mut raw = encode_event(&sample(), 1);
-        raw[COMM_OFF..COMM_OFF + COMM_LEN].fill(b'x');
-        raw[DEVICE_OFF..DEVICE_OFF + DEVICE_LEN].fill(0xff);
+        raw[off::COMM..off::COMM + COMM_LEN].fill(b'x');
+        raw[off::DEVICE..off::DEVICE + DEVICE_LEN].fill(0xff);
         let e = parse_event(&raw).unwrap();
         assert_eq!(e.comm, "x".repeat(16));
         assert_eq!(e.device.chars().count(), 64);

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use secure_rdma::quota::Verb;
+use rdma_quota::Verb;
 
 /// How a hook is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

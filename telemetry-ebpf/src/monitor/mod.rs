@@ -40,7 +40,7 @@ use std::time::Duration;
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{KProbe, TracePoint};
 use aya::EbpfLoader;
-use secure_rdma::quota::{Resource, Verb};
+use rdma_quota::{Resource, Verb};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -49,14 +49,11 @@ use hooks::{Probe, HOOKS};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor.bpf.o"));
 
-/// Slots of the kernel `stats` map.
-const STAT_LOST_EVENTS: u32 = 0;
-const STAT_UNTRACKED_DESTROY: u32 = 1;
-const STAT_TRACKED_FULL: u32 = 2;
-const STAT_STALE_TRACKED: u32 = 3;
-const STAT_INFLIGHT_FULL: u32 = 4;
-/// Slot of the `live` map holding registered MR bytes.
-const LIVE_MR_BYTES: u32 = 4;
+use crate::abi::{
+    LIVE_MR_BYTES, S_INFLIGHT_FULL as STAT_INFLIGHT_FULL, S_LOST_EVENTS as STAT_LOST_EVENTS,
+    S_STALE_TRACKED as STAT_STALE_TRACKED, S_TRACKED_FULL as STAT_TRACKED_FULL,
+    S_UNTRACKED_DESTROY as STAT_UNTRACKED_DESTROY,
+};
 
 /// What [`Monitor::start`] does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +152,7 @@ pub struct KernelCounters {
     pub totals: BTreeMap<Verb, u64>,
     /// Failed calls per verb (every verb present).
     pub errors: BTreeMap<Verb, u64>,
-    /// Per cgroup id (see [`crate::report::cgroup_path`]).
+    /// Per cgroup id (see [`rdma_quota::cgroup::path_of_id`]).
     pub per_cgroup: BTreeMap<u64, CgroupCounters>,
     /// Events dropped because the ring buffer was full (their counters were still updated).
     pub lost_events: u64,

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use secure_rdma::quota::{Limits, QuotaConfig, Resource, Verb};
+use rdma_quota::{Limits, QuotaConfig, Resource, Verb};
 
 use super::snapshot::Snapshot;
 use super::timestamp::rfc3339;

@@ -3,7 +3,7 @@
 //!
 //! The snapshot gathers what the kernel programs counted (calls per verb and
 //! cgroup, live resources, lost events, attach results) and what quota
-//! enforcement counted ([`secure_rdma::quota::Quotas::snapshot`]). The
+//! enforcement counted ([`rdma_quota::Quotas::snapshot`]). The
 //! renderers are pure functions of it, so every output format shows the same
 //! interval:
 //!
@@ -12,8 +12,9 @@
 //! - [`render_prometheus`]: the text exposition format, served by
 //!   [`serve_metrics`].
 //!
-//! [`Sampler`] turns successive counter readings into snapshots with rates;
-//! [`cgroup_path`] turns the cgroup ids the kernel reports into paths.
+//! [`Sampler`] turns successive counter readings into snapshots with rates,
+//! naming the cgroup ids the kernel reports by their paths
+//! ([`rdma_quota::cgroup::path_of_id`]).
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
@@ -25,7 +26,6 @@
 
 #![warn(missing_docs)]
 
-mod cgroup;
 mod http;
 mod json;
 mod prometheus;
@@ -36,7 +36,6 @@ mod test_support;
 mod text;
 mod timestamp;
 
-pub use cgroup::cgroup_path;
 pub use http::{serve_metrics, CONTENT_TYPE};
 pub use json::render_json;
 pub use prometheus::render_prometheus;

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use secure_rdma::quota::{Resource, Verb};
+use rdma_quota::{Resource, Verb};
 
 use super::snapshot::Snapshot;
 

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
-use secure_rdma::quota::{rate_per_second, QuotaConfig, QuotaSnapshot, Scope, Verb};
+use rdma_quota::cgroup;
+use rdma_quota::{rate_per_second, QuotaConfig, QuotaSnapshot, Scope, Verb};
 
-use super::cgroup::cgroup_path;
 use super::snapshot::{AttachReport, CgroupStats, Interception, Snapshot};
 use crate::monitor::KernelCounters;
 
@@ -19,7 +19,7 @@ use crate::monitor::KernelCounters;
 ///
 /// ```
 /// use std::time::{Duration, Instant, SystemTime};
-/// use secure_rdma::quota::{QuotaConfig, Quotas, TenantInfo, Verb};
+/// use rdma_quota::{QuotaConfig, Quotas, TenantInfo, Verb};
 /// use telemetry_ebpf::report::Sampler;
 ///
 /// let quotas = Quotas::new(QuotaConfig::parse("QP_COUNT 1\n", "q")?);
@@ -50,7 +50,7 @@ impl Sampler {
     pub fn new(config: Option<QuotaConfig>) -> Sampler {
         Sampler {
             config,
-            cgroup_root: PathBuf::from(secure_rdma::quota::cgroup::CGROUP_ROOT),
+            cgroup_root: PathBuf::from(cgroup::CGROUP_ROOT),
             previous: None,
             refusals: BTreeMap::new(),
             cgroup_paths: BTreeMap::new(),
@@ -86,7 +86,7 @@ impl Sampler {
                         .cgroup_paths
                         .entry(*id)
                         .or_insert_with(|| {
-                            cgroup_path(*id, root).unwrap_or_else(|| "(gone)".to_owned())
+                            cgroup::path_of_id(root, *id).unwrap_or_else(|| "(gone)".to_owned())
                         })
                         .clone();
                     s.cgroups.push(CgroupStats {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use secure_rdma::quota::{QuotaConfig, Resource, Verb};
+use rdma_quota::{QuotaConfig, Resource, Verb};
 
 /// One reporting interval of `rdma-monitor`: the input of every renderer.
 ///
@@ -16,7 +16,7 @@ use secure_rdma::quota::{QuotaConfig, Resource, Verb};
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use secure_rdma::quota::{Resource, Verb};
+/// use rdma_quota::{Resource, Verb};
 /// use telemetry_ebpf::report::{self, Snapshot};
 ///
 /// let mut snapshot = Snapshot::new(SystemTime::UNIX_EPOCH, Duration::from_secs(1));

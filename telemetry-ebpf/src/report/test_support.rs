@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, UNIX_EPOCH};
 
-use secure_rdma::quota::{QuotaConfig, Resource, Verb};
+use rdma_quota::{QuotaConfig, Resource, Verb};
 
 use super::snapshot::{AttachReport, CgroupStats, Interception, Snapshot};
 

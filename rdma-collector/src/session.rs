@@ -1,0 +1,226 @@
+//! One connection's state: its tenant registration and live tickets.
+
+use std::collections::HashMap;
+
+use rdma_quota::tenant::Peer;
+use rdma_quota::wire::{Reply, Request};
+use rdma_quota::{Admission, Quotas, Resource, TenantInfo, TenantQuota, UsageSnapshot};
+
+/// The tickets of one connected process. Dropping it releases every ticket
+/// still held, which is what makes a crashed program's resources disappear
+/// from the counts.
+pub(crate) struct Session {
+    quotas: Quotas,
+    quota: TenantQuota,
+    peer: Peer,
+    tickets: HashMap<u64, Admission>,
+    next_ticket: u64,
+    max_tickets: usize,
+}
+
+impl Session {
+    pub(crate) fn new(quotas: &Quotas, peer: Peer, max_tickets: usize) -> Session {
+        let quota = quotas.register(TenantInfo {
+            identity: peer.tenant.clone(),
+            pid: peer.pid,
+            cgroup_id: peer.cgroup_id,
+        });
+        Session {
+            quotas: quotas.clone(),
+            quota,
+            peer,
+            tickets: HashMap::new(),
+            next_ticket: 1,
+            max_tickets,
+        }
+    }
+
+    pub(crate) fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    #[cfg(test)]
+    pub(crate) fn live_tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// Serves one well-formed request.
+    pub(crate) fn handle(&mut self, request: Request) -> Reply {
+        let peer = &self.peer;
+        match request {
+            Request::Hello { comm } => {
+                tracing::debug!(pid = peer.pid, comm = %peer.comm, claimed = %comm, "hello");
+                Reply::Ok
+            }
+            Request::Admit { verb, bytes } => {
+                let creates = verb.creates().is_some();
+                let result = if creates && self.tickets.len() >= self.max_tickets {
+                    // Bounds the daemon's memory for tenants without count limits.
+                    Err(format!(
+                        "{} live tickets on one connection is the collector's maximum",
+                        self.max_tickets
+                    ))
+                } else if verb.creates() == Some(Resource::Mr) {
+                    self.quota.admit_mr(bytes).map_err(|r| r.to_string())
+                } else {
+                    self.quota.admit(verb).map_err(|r| r.to_string())
+                };
+                match result {
+                    Ok(admission) => {
+                        let reply = if admission.resource().is_some() {
+                            let ticket = self.next_ticket;
+                            self.next_ticket += 1;
+                            self.tickets.insert(ticket, admission);
+                            Reply::Ticket(ticket)
+                        } else {
+                            Reply::Ok
+                        };
+                        tracing::info!(
+                            pid = peer.pid,
+                            comm = %peer.comm,
+                            tenant = %peer.tenant,
+                            verb = %verb,
+                            bytes,
+                            result = "admitted",
+                            reply = %reply,
+                            "admission"
+                        );
+                        reply
+                    }
+                    Err(reason) => {
+                        tracing::info!(
+                            pid = peer.pid,
+                            comm = %peer.comm,
+                            tenant = %peer.tenant,
+                            verb = %verb,
+                            bytes,
+                            result = "denied",
+                            reason = %reason,
+                            "admission"
+                        );
+                        Reply::Deny(reason)
+                    }
+                }
+            }
+            Request::Release { ticket } => match self.tickets.remove(&ticket) {
+                Some(admission) => {
+                    tracing::debug!(
+                        pid = peer.pid,
+                        tenant = %peer.tenant,
+                        ticket,
+                        resource = ?admission.resource(),
+                        "released"
+                    );
+                    Reply::Ok
+                }
+                None => Reply::Err(format!("unknown ticket {ticket}")),
+            },
+            Request::Stats => {
+                let snapshot = self.quotas.snapshot();
+                let mut text = format!("global {}", usage(&snapshot.global));
+                if let Some(tenant) = snapshot.tenants.get(&peer.tenant) {
+                    text.push_str(&format!(" tenant {} {}", peer.tenant, usage(&tenant.usage)));
+                }
+                Reply::OkWith(text)
+            }
+        }
+    }
+}
+
+/// `QP=n PD=n CQ=n MR=n MR_BYTES=n`.
+fn usage(u: &UsageSnapshot) -> String {
+    let mut parts: Vec<String> = Resource::ALL
+        .iter()
+        .map(|r| format!("{r}={}", u.live.get(r).copied().unwrap_or(0)))
+        .collect();
+    parts.push(format!("MR_BYTES={}", u.mr_bytes));
+    parts.join(" ")
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        tracing::info!(
+            pid = self.peer.pid,
+            comm = %self.peer.comm,
+            tenant = %self.peer.tenant,
+            released = self.tickets.len(),
+            "client disconnected"
+        );
+        // The tickets drop after this, releasing their counts.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma_quota::{QuotaConfig, Verb};
+
+    fn peer(tenant: &str) -> Peer {
+        Peer {
+            pid: 10,
+            uid: 1000,
+            comm: "test".into(),
+            tenant: tenant.into(),
+            cgroup_id: 0,
+        }
+    }
+
+    fn admit(verb: Verb, bytes: u64) -> Request {
+        Request::Admit { verb, bytes }
+    }
+
+    #[test]
+    fn tickets_count_until_released_or_dropped() {
+        let quotas =
+            Quotas::new(QuotaConfig::parse("tenant alice QP_COUNT 2\n", "q").expect("config"));
+        let mut s = Session::new(&quotas, peer("alice"), 100);
+        assert_eq!(s.handle(admit(Verb::QpCreate, 0)), Reply::Ticket(1));
+        assert_eq!(s.handle(admit(Verb::QpCreate, 0)), Reply::Ticket(2));
+        assert_eq!(
+            s.handle(admit(Verb::QpCreate, 0)),
+            Reply::Deny("QP_COUNT limit 2 reached for tenant alice (2 live)".into())
+        );
+        assert_eq!(s.handle(Request::Release { ticket: 1 }), Reply::Ok);
+        assert_eq!(
+            s.handle(Request::Release { ticket: 1 }),
+            Reply::Err("unknown ticket 1".into())
+        );
+        assert_eq!(s.handle(admit(Verb::QpCreate, 0)), Reply::Ticket(3));
+        assert_eq!(
+            s.handle(Request::Stats),
+            Reply::OkWith(
+                "global QP=2 PD=0 CQ=0 MR=0 MR_BYTES=0 tenant alice QP=2 PD=0 CQ=0 MR=0 MR_BYTES=0"
+                    .into()
+            )
+        );
+        drop(s);
+        assert_eq!(quotas.snapshot().global.live[&Resource::Qp], 0);
+    }
+
+    #[test]
+    fn mr_bytes_and_non_creating_verbs() {
+        let quotas =
+            Quotas::new(QuotaConfig::parse("MR_BYTES 8192\nQP_MODIFY 1\n", "q").expect("config"));
+        let mut s = Session::new(&quotas, peer("bob"), 100);
+        assert_eq!(s.handle(admit(Verb::MrReg, 8192)), Reply::Ticket(1));
+        assert!(
+            matches!(s.handle(admit(Verb::MrReg, 1)), Reply::Deny(r) if r.starts_with("MR_BYTES limit 8192"))
+        );
+        // Rate-only verbs are admitted without a ticket.
+        assert_eq!(s.handle(admit(Verb::QpModify, 0)), Reply::Ok);
+        assert!(matches!(s.handle(admit(Verb::QpModify, 0)), Reply::Deny(_)));
+        assert_eq!(s.live_tickets(), 1);
+    }
+
+    #[test]
+    fn tickets_per_connection_are_bounded() {
+        let quotas = Quotas::default();
+        let mut s = Session::new(&quotas, peer("carol"), 2);
+        assert_eq!(s.handle(admit(Verb::PdAlloc, 0)), Reply::Ticket(1));
+        assert_eq!(s.handle(admit(Verb::CqCreate, 0)), Reply::Ticket(2));
+        assert_eq!(
+            s.handle(admit(Verb::CqCreate, 0)),
+            Reply::Deny("2 live tickets on one connection is the collector's maximum".into())
+        );
+    }
+}

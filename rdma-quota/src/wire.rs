@@ -1,0 +1,603 @@
+//! The collector wire protocol, both halves in one place: the interceptor
+//! (`rdma-intercept`) formats [`Request`]s and parses [`Reply`]s, the
+//! collector (`rdma-collector`) parses requests and formats replies. One type
+//! per direction, so the two sides cannot drift. Pure: no sockets and no
+//! runtime, so it can live in a preloaded object.
+//!
+//! # Protocol
+//!
+//! Line-based UTF-8 text; every line ends with `\n` and is at most
+//! [`MAX_LINE`] (512) bytes long, newline included. The client sends one
+//! request and waits for its reply. The collector listens on
+//! [`DEFAULT_SOCKET`] unless told otherwise.
+//!
+//! | request                | reply                                            |
+//! |------------------------|--------------------------------------------------|
+//! | `HELLO <comm>`         | `OK` (optional, informational)                   |
+//! | `ADMIT <VERB>`         | `OK <ticket>` for a creating verb (`QP_CREATE`, `PD_ALLOC`, `CQ_CREATE`), `OK` for a rate-limited one (`QP_MODIFY`, ...), or `DENY <reason>` |
+//! | `ADMIT MR_REG <bytes>` | `OK <ticket>` or `DENY <reason>`                 |
+//! | `RELEASE <ticket>`     | `OK`, or `ERR unknown ticket N` (connection stays) |
+//! | `STATS`                | `OK global QP=n PD=n CQ=n MR=n MR_BYTES=n [tenant NAME QP=n ...]` |
+//!
+//! Verbs are named as in quota files ([`Verb::name`]). A ticket is a decimal
+//! `u64`, valid only on the connection that received it: the resource it
+//! admitted stays counted until `RELEASE` or until the connection closes,
+//! whichever comes first. A closed connection (the program exited or
+//! crashed) releases all its tickets, so the live counts return to what
+//! exists. `DENY` reasons are the quota's [`Refusal`](crate::Refusal)
+//! messages, e.g. `QP_COUNT limit 1 reached globally (1 live)`.
+//!
+//! A line that does not parse (unknown command, bad number, not UTF-8, over
+//! 512 bytes) is answered with `ERR <message>` and the connection is closed,
+//! releasing its tickets. Destroying verbs cannot be admitted: destruction
+//! is never limited, the client only releases.
+//!
+//! # Examples
+//!
+//! ```
+//! use rdma_quota::wire::{Reply, Request};
+//! use rdma_quota::Verb;
+//!
+//! // The interceptor asks...
+//! let line = Request::Admit { verb: Verb::MrReg, bytes: 4096 }.to_line();
+//! assert_eq!(line, "ADMIT MR_REG 4096\n");
+//! // ...the collector reads it and answers...
+//! let request = Request::parse(line.trim_end().as_bytes())?;
+//! assert_eq!(request, Request::Admit { verb: Verb::MrReg, bytes: 4096 });
+//! let answer = Reply::Ticket(7).to_line();
+//! // ...and the interceptor reads the answer.
+//! assert_eq!(Reply::parse(&answer)?, Reply::Ticket(7));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+
+use crate::Verb;
+
+/// The longest line either side sends or accepts, `\n` included.
+pub const MAX_LINE: usize = 512;
+
+/// Where the collector listens by default (`rdma-collector --socket`,
+/// `rdma-monitor --collector`), and where the interceptor looks unless
+/// `RDMA_COLLECTOR` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/rdma-monitor/collector.sock";
+
+/// One request line.
+///
+/// # Examples
+///
+/// ```
+/// use rdma_quota::wire::Request;
+/// use rdma_quota::Verb;
+///
+/// assert_eq!(Request::Admit { verb: Verb::QpCreate, bytes: 0 }.to_line(), "ADMIT QP_CREATE\n");
+/// assert_eq!(
+///     Request::parse(b"ADMIT MR_REG 4096"),
+///     Ok(Request::Admit { verb: Verb::MrReg, bytes: 4096 })
+/// );
+/// assert_eq!(Request::Release { ticket: 3 }.to_line(), "RELEASE 3\n");
+/// assert_eq!(Request::parse(b"RELEASE 3"), Ok(Request::Release { ticket: 3 }));
+/// let err = Request::parse(b"ADMIT QP_DESTROY").unwrap_err();
+/// assert_eq!(err.to_string(), "QP_DESTROY destroys a resource: send RELEASE <ticket> instead");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// `HELLO <comm>`: the program's own name for itself (informational).
+    Hello {
+        /// What the client claims; never trusted.
+        comm: String,
+    },
+    /// `ADMIT <VERB>` or `ADMIT MR_REG <bytes>`: may one more be made?
+    Admit {
+        /// A verb that is not a destruction.
+        verb: Verb,
+        /// The memory region's length for `MR_REG`, otherwise 0.
+        bytes: u64,
+    },
+    /// `RELEASE <ticket>`: the resource of this ticket was destroyed.
+    Release {
+        /// A ticket from an `OK <ticket>` reply on this connection.
+        ticket: u64,
+    },
+    /// `STATS`: the live counts, globally and of the caller's tenant.
+    Stats,
+}
+
+/// A request line that does not follow the protocol. The collector answers
+/// it with `ERR <this message>` and closes the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadRequest {
+    /// More than [`MAX_LINE`] bytes without a newline.
+    #[error("line longer than {MAX_LINE} bytes")]
+    TooLong,
+    /// Not UTF-8.
+    #[error("line is not valid UTF-8")]
+    NotUtf8,
+    /// Nothing but whitespace.
+    #[error("empty request")]
+    Empty,
+    /// Not one of the commands.
+    #[error("unknown command {0:?} (expected HELLO, ADMIT, RELEASE or STATS)")]
+    UnknownCommand(String),
+    /// A command without its argument.
+    #[error("{0} needs an argument")]
+    MissingArgument(&'static str),
+    /// More words than the command takes.
+    #[error("unexpected {extra:?} after {command}")]
+    Extra {
+        /// The command.
+        command: &'static str,
+        /// What followed.
+        extra: String,
+    },
+    /// A verb name that does not exist.
+    #[error("unknown verb {0:?}")]
+    UnknownVerb(String),
+    /// `ADMIT` of a destroying verb.
+    #[error("{0} destroys a resource: send RELEASE <ticket> instead")]
+    Destroying(Verb),
+    /// `ADMIT MR_REG` without the length.
+    #[error("ADMIT MR_REG needs the region's length in bytes")]
+    MissingBytes,
+    /// A number that is not a decimal `u64`.
+    #[error("{what} {value:?} is not a non-negative integer")]
+    BadNumber {
+        /// What the number is.
+        what: &'static str,
+        /// As written.
+        value: String,
+    },
+}
+
+impl Request {
+    /// Parses one line, without its `\n`. Words are separated by single
+    /// spaces or tabs; a trailing `\r` is tolerated (telnet/netcat users).
+    pub fn parse(line: &[u8]) -> Result<Request, BadRequest> {
+        if line.len() >= MAX_LINE {
+            return Err(BadRequest::TooLong);
+        }
+        let text = std::str::from_utf8(line).map_err(|_| BadRequest::NotUtf8)?;
+        let text = text.strip_suffix('\r').unwrap_or(text);
+        let mut words = text.split_ascii_whitespace();
+        let Some(command) = words.next() else {
+            return Err(BadRequest::Empty);
+        };
+        match command {
+            "HELLO" => {
+                // The name may contain spaces: everything after the command.
+                let comm = text.trim().strip_prefix("HELLO").unwrap_or("").trim();
+                if comm.is_empty() {
+                    return Err(BadRequest::MissingArgument("HELLO"));
+                }
+                Ok(Request::Hello {
+                    comm: comm.to_owned(),
+                })
+            }
+            "ADMIT" => {
+                let name = words.next().ok_or(BadRequest::MissingArgument("ADMIT"))?;
+                let verb: Verb = name
+                    .parse()
+                    .map_err(|_| BadRequest::UnknownVerb(name.to_owned()))?;
+                if verb.destroys().is_some() {
+                    return Err(BadRequest::Destroying(verb));
+                }
+                let bytes = match (verb, words.next()) {
+                    (Verb::MrReg, None) => return Err(BadRequest::MissingBytes),
+                    (Verb::MrReg, Some(n)) => number("MR_REG length", n)?,
+                    (_, None) => 0,
+                    (_, Some(extra)) => return Err(extra_after("ADMIT", extra, words)),
+                };
+                if let Some(extra) = words.next() {
+                    return Err(extra_after("ADMIT", extra, words));
+                }
+                Ok(Request::Admit { verb, bytes })
+            }
+            "RELEASE" => {
+                let n = words.next().ok_or(BadRequest::MissingArgument("RELEASE"))?;
+                let ticket = number("ticket", n)?;
+                if let Some(extra) = words.next() {
+                    return Err(extra_after("RELEASE", extra, words));
+                }
+                Ok(Request::Release { ticket })
+            }
+            "STATS" => match words.next() {
+                None => Ok(Request::Stats),
+                Some(extra) => Err(extra_after("STATS", extra, words)),
+            },
+            other => Err(BadRequest::UnknownCommand(cut(other, 40))),
+        }
+    }
+
+    /// The request as one protocol line, `\n` included.
+    ///
+    /// A `HELLO` name is cut to what fits in a line and stripped of control
+    /// characters, so the line is always one valid line. `ADMIT` carries the
+    /// length for `MR_REG`, where it is required, and for any other verb only
+    /// if it is not 0: a length where none belongs is then refused by the
+    /// collector rather than dropped here.
+    pub fn to_line(&self) -> String {
+        match self {
+            Request::Hello { comm } => {
+                let clean: String = comm
+                    .chars()
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect();
+                let mut line = format!("HELLO {}", clean.trim());
+                truncate_to(&mut line, MAX_LINE - 1);
+                line.push('\n');
+                line
+            }
+            Request::Admit { verb, bytes } if *verb == Verb::MrReg || *bytes != 0 => {
+                format!("ADMIT {verb} {bytes}\n")
+            }
+            Request::Admit { verb, .. } => format!("ADMIT {verb}\n"),
+            Request::Release { ticket } => format!("RELEASE {ticket}\n"),
+            Request::Stats => "STATS\n".to_owned(),
+        }
+    }
+}
+
+fn number(what: &'static str, value: &str) -> Result<u64, BadRequest> {
+    // `u64::from_str` accepts a leading '+'; the protocol does not.
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        if let Ok(n) = value.parse() {
+            return Ok(n);
+        }
+    }
+    Err(BadRequest::BadNumber {
+        what,
+        value: cut(value, 40),
+    })
+}
+
+fn extra_after<'a>(
+    command: &'static str,
+    first: &str,
+    rest: impl Iterator<Item = &'a str>,
+) -> BadRequest {
+    let mut extra = first.to_owned();
+    for word in rest {
+        extra.push(' ');
+        extra.push_str(word);
+    }
+    BadRequest::Extra {
+        command,
+        extra: cut(&extra, 40),
+    }
+}
+
+/// At most `max` characters of `s`, for echoing client input in messages.
+fn cut(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncate_to(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+/// One reply line.
+///
+/// # Examples
+///
+/// ```
+/// use rdma_quota::wire::Reply;
+///
+/// assert_eq!(Reply::Ticket(7).to_line(), "OK 7\n");
+/// assert_eq!(Reply::Deny("QP_COUNT limit 1 reached\nglobally".into()).to_line(),
+///            "DENY QP_COUNT limit 1 reached globally\n");
+/// assert_eq!(Reply::parse("OK 42\n"), Ok(Reply::Ticket(42)));
+/// assert_eq!(Reply::parse("OK"), Ok(Reply::Ok));
+/// assert!(Reply::parse("MAYBE").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `OK <ticket>`: admitted; release this ticket when the resource is
+    /// destroyed.
+    Ticket(u64),
+    /// `OK`: done.
+    Ok,
+    /// `OK <payload>`: done, with a payload (`STATS`). A payload that is
+    /// empty or a number reads back as [`Reply::Ok`] or [`Reply::Ticket`].
+    OkWith(String),
+    /// `DENY <reason>`: refused by a quota.
+    Deny(String),
+    /// `ERR <message>`: the request was not understood or cannot be served.
+    Err(String),
+}
+
+/// A reply line that does not follow the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad reply {line:?} from the collector: {problem}")]
+pub struct BadReply {
+    /// The line, cut for messages.
+    pub line: String,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
+impl Reply {
+    /// The reply as one protocol line: control characters become spaces and
+    /// the line is cut to [`MAX_LINE`], so a message can never break framing.
+    pub fn to_line(&self) -> String {
+        let line = match self {
+            Reply::Ticket(n) => format!("OK {n}"),
+            Reply::Ok => "OK".to_owned(),
+            Reply::OkWith(payload) => format!("OK {payload}"),
+            Reply::Deny(reason) => format!("DENY {reason}"),
+            Reply::Err(message) => format!("ERR {message}"),
+        };
+        let mut line: String = line
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        truncate_to(&mut line, MAX_LINE - 1);
+        line.push('\n');
+        line
+    }
+
+    /// Parses one reply line, with or without its `\n`.
+    ///
+    /// `OK` followed by plain digits is a [`Reply::Ticket`]; any other `OK`
+    /// payload is kept as text.
+    pub fn parse(line: &str) -> Result<Reply, BadReply> {
+        let bad = |problem| BadReply {
+            line: line.chars().take(80).collect(),
+            problem,
+        };
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        if line.len() >= MAX_LINE {
+            return Err(bad("longer than the protocol allows"));
+        }
+        if line.contains(['\n', '\r', '\0']) {
+            return Err(bad("control characters inside the line"));
+        }
+        let (word, rest) = match line.split_once(' ') {
+            Some((w, r)) => (w, r),
+            None => (line, ""),
+        };
+        match word {
+            "OK" if rest.is_empty() => Ok(Reply::Ok),
+            "OK" => match rest.parse::<u64>() {
+                // Only plain digits are tickets: "+5" or " 5" are payloads.
+                Ok(n) if rest.bytes().all(|b| b.is_ascii_digit()) => Ok(Reply::Ticket(n)),
+                _ => Ok(Reply::OkWith(rest.to_owned())),
+            },
+            "DENY" if rest.is_empty() => Err(bad("DENY without a reason")),
+            "DENY" => Ok(Reply::Deny(rest.to_owned())),
+            "ERR" if rest.is_empty() => Err(bad("ERR without a message")),
+            "ERR" => Ok(Reply::Err(rest.to_owned())),
+            _ => Err(bad("expected OK, DENY or ERR")),
+        }
+    }
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.to_line().trim_end())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(line: &str) -> String {
+        match Request::parse(line.as_bytes()) {
+            Ok(r) => panic!("{line:?} parsed as {r:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn requests_parse() {
+        let cases = [
+            (
+                "ADMIT QP_CREATE",
+                Request::Admit {
+                    verb: Verb::QpCreate,
+                    bytes: 0,
+                },
+            ),
+            (
+                "ADMIT PD_ALLOC",
+                Request::Admit {
+                    verb: Verb::PdAlloc,
+                    bytes: 0,
+                },
+            ),
+            (
+                "ADMIT CQ_CREATE\r",
+                Request::Admit {
+                    verb: Verb::CqCreate,
+                    bytes: 0,
+                },
+            ),
+            (
+                "ADMIT MR_REG 18446744073709551615",
+                Request::Admit {
+                    verb: Verb::MrReg,
+                    bytes: u64::MAX,
+                },
+            ),
+            (
+                "ADMIT QP_MODIFY",
+                Request::Admit {
+                    verb: Verb::QpModify,
+                    bytes: 0,
+                },
+            ),
+            ("RELEASE 0", Request::Release { ticket: 0 }),
+            ("STATS", Request::Stats),
+            (
+                "HELLO my program",
+                Request::Hello {
+                    comm: "my program".into(),
+                },
+            ),
+        ];
+        for (line, request) in cases {
+            assert_eq!(Request::parse(line.as_bytes()), Ok(request), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_requests_name_the_problem() {
+        let cases = [
+            ("", "empty request"),
+            ("   ", "empty request"),
+            (
+                "admit QP_CREATE",
+                "unknown command \"admit\" (expected HELLO, ADMIT, RELEASE or STATS)",
+            ),
+            ("ADMIT", "ADMIT needs an argument"),
+            ("ADMIT QP_EXPLODE", "unknown verb \"QP_EXPLODE\""),
+            (
+                "ADMIT MR_DEREG",
+                "MR_DEREG destroys a resource: send RELEASE <ticket> instead",
+            ),
+            (
+                "ADMIT MR_REG",
+                "ADMIT MR_REG needs the region's length in bytes",
+            ),
+            (
+                "ADMIT MR_REG -1",
+                "MR_REG length \"-1\" is not a non-negative integer",
+            ),
+            (
+                "ADMIT MR_REG +1",
+                "MR_REG length \"+1\" is not a non-negative integer",
+            ),
+            (
+                "ADMIT MR_REG 18446744073709551616",
+                "MR_REG length \"18446744073709551616\" is not a non-negative integer",
+            ),
+            ("ADMIT MR_REG 1 2", "unexpected \"2\" after ADMIT"),
+            (
+                "ADMIT QP_CREATE 4096 x",
+                "unexpected \"4096 x\" after ADMIT",
+            ),
+            ("RELEASE", "RELEASE needs an argument"),
+            ("RELEASE x", "ticket \"x\" is not a non-negative integer"),
+            ("RELEASE 1 1", "unexpected \"1\" after RELEASE"),
+            ("STATS now", "unexpected \"now\" after STATS"),
+            ("HELLO", "HELLO needs an argument"),
+        ];
+        for (line, message) in cases {
+            assert_eq!(err(line), message, "{line:?}");
+        }
+        assert_eq!(Request::parse(b"ADMIT \xff"), Err(BadRequest::NotUtf8));
+        assert_eq!(Request::parse(&[b'A'; MAX_LINE]), Err(BadRequest::TooLong));
+        // Echoed input is cut, so an ERR line stays short.
+        let long = format!("X{}", "y".repeat(300));
+        assert!(err(&long).len() < 120);
+    }
+
+    #[test]
+    fn replies_cannot_break_framing() {
+        assert_eq!(Reply::Ok.to_line(), "OK\n");
+        assert_eq!(
+            Reply::OkWith("global QP=1".into()).to_line(),
+            "OK global QP=1\n"
+        );
+        assert_eq!(Reply::Err("a\r\nb".into()).to_line(), "ERR a  b\n");
+        let long = Reply::Deny("é".repeat(600)).to_line();
+        assert!(long.len() <= MAX_LINE);
+        assert!(long.ends_with('\n'));
+        assert_eq!(long.matches('\n').count(), 1);
+        assert_eq!(Reply::Ticket(3).to_string(), "OK 3");
+    }
+
+    #[test]
+    fn requests_format_as_documented() {
+        let admit = |verb, bytes| Request::Admit { verb, bytes };
+        let cases = [
+            (admit(Verb::QpCreate, 0), "ADMIT QP_CREATE\n"),
+            (admit(Verb::PdAlloc, 0), "ADMIT PD_ALLOC\n"),
+            (admit(Verb::CqCreate, 0), "ADMIT CQ_CREATE\n"),
+            (
+                admit(Verb::MrReg, u64::MAX),
+                "ADMIT MR_REG 18446744073709551615\n",
+            ),
+            // MR_REG always carries its length, even an empty one.
+            (admit(Verb::MrReg, 0), "ADMIT MR_REG 0\n"),
+            // A length on another verb is sent, for the collector to refuse.
+            (admit(Verb::QpCreate, 5), "ADMIT QP_CREATE 5\n"),
+            (Request::Release { ticket: 0 }, "RELEASE 0\n"),
+            (Request::Stats, "STATS\n"),
+            (
+                Request::Hello {
+                    comm: " ibv_rc_pingpong\n".into(),
+                },
+                "HELLO ibv_rc_pingpong?\n",
+            ),
+        ];
+        for (request, line) in cases {
+            assert_eq!(request.to_line(), line);
+        }
+    }
+
+    #[test]
+    fn hello_never_exceeds_a_line() {
+        let comm = "é".repeat(400);
+        let line = Request::Hello { comm }.to_line();
+        assert!(line.len() <= MAX_LINE, "{}", line.len());
+        assert!(line.ends_with('\n'));
+        assert_eq!(line.matches('\n').count(), 1);
+    }
+
+    #[test]
+    fn replies_parse() {
+        assert_eq!(Reply::parse("OK 0\n"), Ok(Reply::Ticket(0)));
+        assert_eq!(
+            Reply::parse("OK 18446744073709551615"),
+            Ok(Reply::Ticket(u64::MAX))
+        );
+        assert_eq!(
+            Reply::parse("OK 18446744073709551616"),
+            Ok(Reply::OkWith("18446744073709551616".into()))
+        );
+        assert_eq!(Reply::parse("OK +5"), Ok(Reply::OkWith("+5".into())));
+        assert_eq!(
+            Reply::parse("OK global QP=1"),
+            Ok(Reply::OkWith("global QP=1".into()))
+        );
+        assert_eq!(Reply::parse("OK\n"), Ok(Reply::Ok));
+        assert_eq!(
+            Reply::parse("DENY MR_BYTES limit 4096 would be exceeded globally\n"),
+            Ok(Reply::Deny(
+                "MR_BYTES limit 4096 would be exceeded globally".into()
+            ))
+        );
+        assert_eq!(
+            Reply::parse("ERR unknown command \"X\""),
+            Ok(Reply::Err("unknown command \"X\"".into()))
+        );
+    }
+
+    #[test]
+    fn bad_replies_name_the_problem() {
+        for (line, problem) in [
+            ("", "expected OK, DENY or ERR"),
+            ("ok 1", "expected OK, DENY or ERR"),
+            ("DENY", "DENY without a reason"),
+            ("ERR", "ERR without a message"),
+            ("OK 1\r", "control characters inside the line"),
+            ("OK 1\n2", "control characters inside the line"),
+        ] {
+            let err = Reply::parse(line).expect_err(line);
+            assert_eq!(err.problem, problem, "{line:?}");
+        }
+        let long = format!("DENY {}", "x".repeat(MAX_LINE));
+        let err = Reply::parse(&long).expect_err("overlong");
+        assert_eq!(err.problem, "longer than the protocol allows");
+        assert!(err.to_string().starts_with("bad reply \"DENY xxx"));
+        assert!(err.line.len() <= 80);
+    }
+}

@@ -1,0 +1,646 @@
+//! Following queue pairs: the PSN sequence of each direction, with gaps, duplicates and
+//! retransmissions flagged.
+//!
+//! A *flow* is one PSN sequence: (source ip:port, destination ip:port, destination QPN,
+//! [`Stream`]). Packets a QP receives all carry its QPN, whether they are requests from the
+//! peer or responses to its own requests, but those are two independent sequences: requests
+//! number from the peer's send PSN, responses echo the QP's own. Both ends of an RC connection
+//! usually send requests, so each direction holds both and is split in two. Packets a QP sends
+//! carry the peer's QPN. PSNs are 24-bit and wrap; "behind" and "ahead" use the half-window
+//! rule (a PSN less than 2^23 ahead of the highest seen is ahead, anything else is behind).
+//!
+//! How a PSN is judged depends on the opcode:
+//!
+//! * **Requests** advance the requester's PSN by one per packet, except an RDMA READ Request,
+//!   which reserves one PSN per response packet (`ceil(len / path MTU)`; with no MTU given any
+//!   jump up to `ceil(len / 256)` is accepted). A larger jump is a **gap**: packets were lost
+//!   (or not captured).
+//! * **Responses** carry the PSN of the request they answer. ACKs are coalesced, so a jump
+//!   before an ACK, ATOMIC ACK or READ Response First/Only is **coalesced**, not a gap; a jump
+//!   inside a READ response (Middle/Last) is a gap.
+//! * The same PSN as the previous packet is a **duplicate**; a PSN behind the highest seen (or
+//!   equal to it after others) is a **retransmission** (go-back-N after a NAK or timeout).
+//!
+//! With [`FollowConfig::qpn`] set, the follower reports flows to that QP and learns the flows
+//! of the reverse direction (packets to the peer QP, whose number no RC header carries) by
+//! matching a response PSN in one direction with a request PSN in the other: the peer's
+//! requests once the QP acknowledges one of them, the peer's responses once one answers the
+//! QP's request. PSNs start at random 24-bit values, so an accidental match with another QP
+//! pair between the same hosts is unlikely but possible.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+
+use serde::Serialize;
+
+use crate::ext::AethSyndrome;
+use crate::opcode::Operation;
+use crate::packet::Packet;
+
+/// PSNs are 24 bits.
+pub const PSN_MASK: u32 = 0x00ff_ffff;
+/// Half the PSN space: forward distances below this are "ahead".
+const HALF_WINDOW: u32 = 1 << 23;
+/// How many recent PSNs each flow remembers for pairing directions.
+const RECENT: usize = 64;
+/// The smallest path MTU, bounding how many PSNs an RDMA READ can reserve.
+const MIN_PATH_MTU: u32 = 256;
+
+/// `(a - b) mod 2^24`.
+pub fn psn_distance(a: u32, b: u32) -> u32 {
+    a.wrapping_sub(b) & PSN_MASK
+}
+
+/// True if `a` is ahead of `b` by less than half the PSN space.
+pub fn psn_ahead(a: u32, b: u32) -> bool {
+    let d = psn_distance(a, b);
+    d != 0 && d < HALF_WINDOW
+}
+
+/// Which of the two PSN sequences of one direction a packet is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// Requests (and anything that is not a response), numbered from the sender's send PSN.
+    Requests,
+    /// READ responses, ACK/NAK and ATOMIC ACK, which carry the PSNs of the requests they answer.
+    Responses,
+}
+
+impl Stream {
+    /// `"requests"` or `"responses"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Requests => "requests",
+            Stream::Responses => "responses",
+        }
+    }
+}
+
+/// Identifies one PSN sequence: one direction of traffic to one QP, requests or responses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct FlowKey {
+    /// Source ip:port, if the IP/UDP headers were decoded.
+    pub src: Option<SocketAddr>,
+    /// Destination ip:port, if the IP/UDP headers were decoded.
+    pub dst: Option<SocketAddr>,
+    /// Destination QP.
+    pub dest_qp: u32,
+    /// Requests or responses.
+    pub stream: Stream,
+}
+
+impl FlowKey {
+    /// The flow a packet belongs to.
+    pub fn of(p: &Packet<'_>) -> FlowKey {
+        FlowKey {
+            src: p.src(),
+            dst: p.dst(),
+            dest_qp: p.bth.dest_qp,
+            stream: if p.opcode().operation().is_response() {
+                Stream::Responses
+            } else {
+                Stream::Requests
+            },
+        }
+    }
+
+    fn ips(&self) -> Option<(IpAddr, IpAddr)> {
+        Some((self.src?.ip(), self.dst?.ip()))
+    }
+}
+
+/// How a packet's PSN relates to its flow's history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum PsnEvent {
+    /// The flow's first packet.
+    First,
+    /// The next PSN (or within an RDMA READ's reservation).
+    InOrder,
+    /// PSNs were skipped: packets lost or not captured.
+    Gap {
+        /// The furthest PSN that would still have been in order.
+        expected: u32,
+        /// How many PSNs are missing at least.
+        missing: u32,
+    },
+    /// A response skipped PSNs, as coalesced ACKs do.
+    Coalesced {
+        /// PSNs acknowledged implicitly.
+        skipped: u32,
+    },
+    /// The same PSN as the previous packet.
+    Duplicate,
+    /// A PSN at or behind the highest seen, after others: a resend.
+    Retransmission {
+        /// The highest PSN seen so far.
+        highest: u32,
+    },
+}
+
+/// The PSN history of one flow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DirectionSummary {
+    /// PSN of the first packet.
+    pub first_psn: u32,
+    /// PSN of the latest packet.
+    pub last_psn: u32,
+    /// Highest PSN seen (modulo 2^24).
+    pub highest_psn: u32,
+    /// Packets seen.
+    pub packets: u64,
+    /// Gaps flagged.
+    pub gaps: u64,
+    /// PSNs missing in those gaps.
+    pub missing: u64,
+    /// Duplicates flagged.
+    pub duplicates: u64,
+    /// Retransmissions flagged.
+    pub retransmissions: u64,
+    /// Coalesced-ACK jumps (normal).
+    pub coalesced: u64,
+    /// NAKs seen (AETH syndrome NAK).
+    pub naks: u64,
+    /// RNR NAKs seen.
+    pub rnr_naks: u64,
+}
+
+/// What the follower makes of one packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Observation {
+    /// The packet's flow.
+    pub flow: FlowKey,
+    /// The packet's PSN.
+    pub psn: u32,
+    /// How the PSN fits the flow.
+    pub event: PsnEvent,
+    /// True if the flow is followed: always without a QPN filter; with one, for flows to the QP
+    /// and the reverse flows paired with them.
+    pub followed: bool,
+}
+
+/// Settings for a [`Follower`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FollowConfig {
+    /// Follow only this QP (and its peer's direction); `None` follows every flow.
+    pub qpn: Option<u32>,
+    /// The path MTU in bytes, for the PSNs an RDMA READ reserves; `None` if unknown.
+    pub path_mtu: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+struct FlowState {
+    summary: DirectionSummary,
+    /// Forward PSN distances from `highest_psn` that count as in order.
+    window: (u32, u32),
+    /// Recent (PSN, is a request) pairs, for pairing directions.
+    recent: VecDeque<(u32, bool)>,
+    followed: bool,
+    /// Set once the flow's reverse direction has been found; stops further pairing work.
+    paired: bool,
+}
+
+/// Tracks the PSN sequence of every flow it is fed.
+///
+/// ```
+/// use roce::follow::{FollowConfig, Follower, PsnEvent};
+/// # let frame = roce::doc_example_frame();
+/// let pkt = roce::decode_ethernet(&frame)?;
+///
+/// let mut f = Follower::new(FollowConfig { qpn: Some(pkt.bth.dest_qp), path_mtu: Some(1024) });
+/// assert_eq!(f.observe(&pkt).event, PsnEvent::First);
+/// assert_eq!(f.observe(&pkt).event, PsnEvent::Duplicate);
+/// let (_, summary) = f.summaries().next().unwrap();
+/// assert_eq!((summary.packets, summary.duplicates), (2, 1));
+/// # Ok::<(), roce::DecodeError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Follower {
+    config: FollowConfig,
+    flows: BTreeMap<FlowKey, FlowState>,
+    /// Flows by (source IP, destination IP), to find the reverse direction quickly.
+    by_ips: HashMap<(IpAddr, IpAddr), Vec<FlowKey>>,
+    /// The followed subset of `by_ips`, which stays small when a QPN filter is set.
+    followed_by_ips: HashMap<(IpAddr, IpAddr), Vec<FlowKey>>,
+    /// Flows to follow from their first packet whatever their QPN (see [`Follower::follow`]).
+    preset: HashSet<FlowKey>,
+    /// Flows that pairing turned from unfollowed to followed since the last
+    /// [`Follower::take_newly_followed`].
+    newly_followed: Vec<FlowKey>,
+}
+
+impl Follower {
+    /// A follower with the given settings.
+    pub fn new(config: FollowConfig) -> Follower {
+        Follower {
+            config,
+            ..Follower::default()
+        }
+    }
+
+    /// Feeds one packet and classifies its PSN.
+    pub fn observe(&mut self, p: &Packet<'_>) -> Observation {
+        let key = FlowKey::of(p);
+        let psn = p.bth.psn & PSN_MASK;
+        let op = p.opcode().operation();
+        let is_request = op.is_request();
+
+        let event = {
+            let mtu = self.config.path_mtu;
+            let followed =
+                self.config.qpn.is_none_or(|q| q == key.dest_qp) || self.preset.contains(&key);
+            if !self.flows.contains_key(&key) {
+                if let Some(ips) = key.ips() {
+                    self.by_ips.entry(ips).or_default().push(key);
+                    if followed {
+                        self.followed_by_ips.entry(ips).or_default().push(key);
+                    }
+                }
+            }
+            let state = self.flows.entry(key).or_insert_with(|| FlowState {
+                summary: DirectionSummary::default(),
+                window: (1, 1),
+                recent: VecDeque::with_capacity(RECENT),
+                followed,
+                paired: false,
+            });
+            let event = step(state, psn, op, p.ext.reth.map(|r| r.dma_len), mtu);
+            let s = &mut state.summary;
+            match p.ext.aeth.map(|a| a.syndrome) {
+                Some(AethSyndrome::Nak(_)) => s.naks += 1,
+                Some(AethSyndrome::RnrNak { .. }) => s.rnr_naks += 1,
+                _ => {}
+            }
+            if state.recent.len() == RECENT {
+                state.recent.pop_front();
+            }
+            state.recent.push_back((psn, is_request));
+            event
+        };
+
+        if op.is_response() && self.config.qpn.is_some() {
+            self.pair(key, psn);
+        }
+        let followed = self.flows.get(&key).is_some_and(|s| s.followed);
+        Observation {
+            flow: key,
+            psn,
+            event,
+            followed,
+        }
+    }
+
+    /// A response with `psn` in flow `key` answers a request with the same PSN in the reverse
+    /// direction; if one side is followed, the other becomes followed too.
+    fn pair(&mut self, key: FlowKey, psn: u32) {
+        let Some((src, dst)) = key.ips() else { return };
+        let Some(this) = self.flows.get(&key) else {
+            return;
+        };
+        // An unfollowed flow looks among the few followed reverse flows; a followed one among
+        // all reverse flows, but only until it has found its peer.
+        let candidates = match (this.followed, this.paired) {
+            (true, true) => return,
+            (true, false) => self.by_ips.get(&(dst, src)),
+            (false, _) => self.followed_by_ips.get(&(dst, src)),
+        };
+        let answered = |k: &&FlowKey| {
+            self.flows.get(*k).is_some_and(|o| {
+                o.followed != this.followed
+                    && o.recent
+                        .iter()
+                        .any(|&(p, is_request)| is_request && p == psn)
+            })
+        };
+        let Some(&other) = candidates.and_then(|c| c.iter().find(answered)) else {
+            return;
+        };
+        for k in [key, other] {
+            if self.start_following(k) {
+                self.newly_followed.push(k);
+            }
+            if let Some(s) = self.flows.get_mut(&k) {
+                s.paired = true;
+            }
+        }
+    }
+
+    /// Marks a known flow followed; true if it was not before.
+    fn start_following(&mut self, key: FlowKey) -> bool {
+        let Some(state) = self.flows.get_mut(&key) else {
+            return false;
+        };
+        if state.followed {
+            return false;
+        }
+        state.followed = true;
+        if let Some(ips) = key.ips() {
+            self.followed_by_ips.entry(ips).or_default().push(key);
+        }
+        true
+    }
+
+    /// Follows these flows from their first packet, as if already paired: used when the whole
+    /// capture is known in advance (a file), so a peer's packets that come before the first
+    /// response pairing them are not missed. Flows seen already are followed from now on.
+    ///
+    /// ```
+    /// use roce::follow::{FlowKey, FollowConfig, Follower};
+    /// # let frame = roce::doc_example_frame();
+    /// let pkt = roce::decode_ethernet(&frame)?;
+    ///
+    /// let mut f = Follower::new(FollowConfig { qpn: Some(pkt.bth.dest_qp ^ 1), path_mtu: None });
+    /// f.follow([FlowKey::of(&pkt)]);
+    /// assert!(f.observe(&pkt).followed);
+    /// # Ok::<(), roce::DecodeError>(())
+    /// ```
+    pub fn follow(&mut self, flows: impl IntoIterator<Item = FlowKey>) {
+        for key in flows {
+            self.start_following(key);
+            self.preset.insert(key);
+        }
+    }
+
+    /// The flows that pairing started following since the last call, in the order it found
+    /// them. Their packets before that were reported with `followed: false`; a live capture
+    /// that held them back can show them now.
+    pub fn take_newly_followed(&mut self) -> Vec<FlowKey> {
+        std::mem::take(&mut self.newly_followed)
+    }
+
+    /// The keys of every followed flow, in key order.
+    pub fn followed(&self) -> impl Iterator<Item = FlowKey> + '_ {
+        self.summaries().map(|(k, _)| *k)
+    }
+
+    /// The summary of every followed flow, in key order.
+    pub fn summaries(&self) -> impl Iterator<Item = (&FlowKey, &DirectionSummary)> {
+        self.flows
+            .iter()
+            .filter(|(_, s)| s.followed)
+            .map(|(k, s)| (k, &s.summary))
+    }
+
+    /// The summary of one flow, followed or not.
+    pub fn summary(&self, key: &FlowKey) -> Option<&DirectionSummary> {
+        self.flows.get(key).map(|s| &s.summary)
+    }
+}
+
+/// Classifies `psn` and updates the flow's PSN counters and window.
+fn step(
+    state: &mut FlowState,
+    psn: u32,
+    op: Operation,
+    dma_len: Option<u32>,
+    mtu: Option<u32>,
+) -> PsnEvent {
+    let event = classify(state, psn, op);
+    let s = &mut state.summary;
+    s.packets += 1;
+    s.last_psn = psn;
+    match event {
+        PsnEvent::First => {
+            s.first_psn = psn;
+            s.highest_psn = psn;
+        }
+        PsnEvent::InOrder => s.highest_psn = psn,
+        PsnEvent::Gap { missing, .. } => {
+            s.highest_psn = psn;
+            s.gaps += 1;
+            s.missing += u64::from(missing);
+        }
+        PsnEvent::Coalesced { .. } => {
+            s.highest_psn = psn;
+            s.coalesced += 1;
+        }
+        PsnEvent::Duplicate => s.duplicates += 1,
+        PsnEvent::Retransmission { .. } => s.retransmissions += 1,
+    }
+    // Only a packet that advances the sequence sets the next window: a resend of a READ
+    // Request does not reserve its PSNs again.
+    if !matches!(event, PsnEvent::Duplicate | PsnEvent::Retransmission { .. }) {
+        state.window = next_window(op, dma_len, mtu);
+    }
+    event
+}
+
+fn classify(state: &FlowState, psn: u32, op: Operation) -> PsnEvent {
+    let s = &state.summary;
+    if s.packets == 0 {
+        return PsnEvent::First;
+    }
+    if psn == s.last_psn {
+        return PsnEvent::Duplicate;
+    }
+    let d = psn_distance(psn, s.highest_psn);
+    if d == 0 || d >= HALF_WINDOW {
+        return PsnEvent::Retransmission {
+            highest: s.highest_psn,
+        };
+    }
+    let (_, max) = state.window;
+    if d <= max {
+        return PsnEvent::InOrder;
+    }
+    let implicit_ack = op.is_response()
+        && !matches!(
+            op,
+            Operation::ReadResponseMiddle | Operation::ReadResponseLast
+        );
+    if implicit_ack {
+        PsnEvent::Coalesced { skipped: d - 1 }
+    } else {
+        PsnEvent::Gap {
+            expected: s.highest_psn.wrapping_add(max) & PSN_MASK,
+            missing: d - max,
+        }
+    }
+}
+
+/// The forward distances that will count as in order after a packet with operation `op`.
+fn next_window(op: Operation, dma_len: Option<u32>, path_mtu: Option<u32>) -> (u32, u32) {
+    if op != Operation::ReadRequest {
+        return (1, 1);
+    }
+    let len = dma_len.unwrap_or(0);
+    let packets = |mtu: u32| len.div_ceil(mtu.max(1)).max(1);
+    match path_mtu {
+        Some(mtu) => (packets(mtu), packets(mtu)),
+        None => (1, packets(MIN_PATH_MTU)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> FlowState {
+        FlowState {
+            summary: DirectionSummary::default(),
+            window: (1, 1),
+            recent: VecDeque::new(),
+            followed: true,
+            paired: false,
+        }
+    }
+
+    /// Runs `psns` (all with operation `op`) through the classifier.
+    fn run(psns: &[u32], op: Operation) -> (Vec<PsnEvent>, DirectionSummary) {
+        let mut st = state();
+        let events = psns
+            .iter()
+            .map(|&psn| step(&mut st, psn, op, None, None))
+            .collect();
+        (events, st.summary)
+    }
+
+    use PsnEvent::*;
+
+    #[test]
+    fn distance_and_half_window() {
+        assert_eq!(psn_distance(0, 0xffffff), 1);
+        assert_eq!(psn_distance(0xffffff, 0), 0xffffff);
+        assert!(psn_ahead(2, 0xfffffe));
+        assert!(!psn_ahead(0xfffffe, 2));
+        assert!(psn_ahead(0x7fffff, 0));
+        assert!(!psn_ahead(0x800000, 0));
+        assert!(!psn_ahead(5, 5));
+    }
+
+    #[test]
+    fn in_order_across_the_wrap() {
+        let (events, s) = run(
+            &[0xfffffd, 0xfffffe, 0xffffff, 0, 1, 2],
+            Operation::SendOnly,
+        );
+        assert_eq!(events, [First, InOrder, InOrder, InOrder, InOrder, InOrder]);
+        assert_eq!(
+            (s.first_psn, s.last_psn, s.highest_psn, s.packets),
+            (0xfffffd, 2, 2, 6)
+        );
+    }
+
+    #[test]
+    fn gap_across_the_wrap() {
+        let (events, s) = run(&[0xfffffe, 0xffffff, 2, 3], Operation::WriteMiddle);
+        assert_eq!(
+            events,
+            [
+                First,
+                InOrder,
+                Gap {
+                    expected: 0,
+                    missing: 2
+                },
+                InOrder
+            ]
+        );
+        assert_eq!((s.gaps, s.missing), (1, 2));
+    }
+
+    #[test]
+    fn duplicates_and_go_back_n() {
+        // 10..13, 13 again, then the requester goes back to 11 after a NAK.
+        let (events, s) = run(&[10, 11, 12, 13, 13, 11, 12, 13, 14], Operation::SendMiddle);
+        assert_eq!(
+            events,
+            [
+                First,
+                InOrder,
+                InOrder,
+                InOrder,
+                Duplicate,
+                Retransmission { highest: 13 },
+                Retransmission { highest: 13 },
+                Retransmission { highest: 13 },
+                InOrder
+            ]
+        );
+        assert_eq!((s.duplicates, s.retransmissions, s.highest_psn), (1, 3, 14));
+    }
+
+    #[test]
+    fn retransmission_across_the_wrap() {
+        let (events, _) = run(
+            &[0xfffffe, 0xffffff, 0, 1, 0xffffff, 0],
+            Operation::WriteMiddle,
+        );
+        assert_eq!(events[4], Retransmission { highest: 1 });
+        assert_eq!(events[5], Retransmission { highest: 1 });
+    }
+
+    #[test]
+    fn far_behind_is_a_retransmission_far_ahead_a_gap() {
+        let (events, _) = run(&[100, 100 + 0x7fffff], Operation::SendOnly);
+        assert_eq!(
+            events[1],
+            Gap {
+                expected: 101,
+                missing: 0x7ffffe
+            }
+        );
+        let (events, _) = run(&[100, 100 + 0x800000], Operation::SendOnly);
+        assert_eq!(events[1], Retransmission { highest: 100 });
+    }
+
+    #[test]
+    fn coalesced_acks_are_not_gaps() {
+        let (events, s) = run(&[5, 9, 9, 12], Operation::Acknowledge);
+        assert_eq!(
+            events,
+            [
+                First,
+                Coalesced { skipped: 3 },
+                Duplicate,
+                Coalesced { skipped: 2 }
+            ]
+        );
+        assert_eq!(s.gaps, 0);
+        let (events, _) = run(&[5, 7], Operation::ReadResponseMiddle);
+        assert_eq!(
+            events[1],
+            Gap {
+                expected: 6,
+                missing: 1
+            }
+        );
+    }
+
+    #[test]
+    fn read_requests_reserve_psns() {
+        assert_eq!(
+            next_window(Operation::ReadRequest, Some(4096), Some(1024)),
+            (4, 4)
+        );
+        assert_eq!(
+            next_window(Operation::ReadRequest, Some(0), Some(1024)),
+            (1, 1)
+        );
+        assert_eq!(
+            next_window(Operation::ReadRequest, Some(4097), None),
+            (1, 17)
+        );
+        assert_eq!(
+            next_window(Operation::SendOnly, Some(4096), Some(1024)),
+            (1, 1)
+        );
+        let mut st = state();
+        st.summary = DirectionSummary {
+            packets: 1,
+            last_psn: 0xfffffe,
+            highest_psn: 0xfffffe,
+            ..Default::default()
+        };
+        st.window = (4, 4);
+        assert_eq!(classify(&st, 2, Operation::SendOnly), InOrder);
+        assert_eq!(
+            classify(&st, 3, Operation::SendOnly),
+            Gap {
+                expected: 2,
+                missing: 1
+            }
+        );
+    }
+}
