@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
-use secure_rdma::client::{Client, ClientConfig};
+use secure_rdma::client::{connect_with_retry, Backoff, Client, ClientConfig, ClientError};
+use secure_rdma::protect::Cipher;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Secure RDMA client.
@@ -24,10 +25,18 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 /// Commands come from --exec (repeatable), else from stdin (a prompt when it
 /// is a terminal). Each acknowledgement from the server is printed.
 ///
+/// Every payload is sealed with an AEAD (AES-256-GCM or ChaCha20-Poly1305,
+/// keys from the TLS session): an on-path attacker can neither read nor forge
+/// nor replay messages. If the session is lost (the server detected a forged
+/// message and tore it down, or restarted), the client reconnects with
+/// exponential backoff and jitter and resends the command that was cut off.
+///
 /// Exit codes: 0 ok, 1 bad command or other error, 2 usage, 3 rejected by the
 /// server (e.g. server full), 4 TLS refused (certificate or server name),
 /// 5 server unreachable, 6 no usable RDMA device or GID, 7 RDMA connection
-/// not confirmed (PSN/GID mismatch), 8 protocol or RDMA error.
+/// not confirmed (PSN/GID mismatch), 8 protocol or RDMA error (or the session
+/// was lost and could not be re-established), 9 the server's offer is below
+/// this client's policy (no payload protection, buffers too large).
 #[derive(Debug, Parser)]
 #[command(version, name = "secure-client", verbatim_doc_comment)]
 struct Cli {
@@ -68,6 +77,42 @@ struct Cli {
     /// Log format on stderr: text or json (RUST_LOG sets the level, default warn)
     #[arg(long, value_name = "FORMAT", default_value = "text")]
     log_format: String,
+    /// Payload cipher to accept: auto (either, fastest on this CPU first), aes-256-gcm or
+    /// chacha20-poly1305
+    #[arg(long, value_name = "CIPHER", default_value = "auto", value_parser = parse_ciphers)]
+    cipher: Ciphers,
+    /// Payloads in clear, no AEAD (the server must allow it): to measure what protection costs
+    /// and to show the forgery it stops. An on-path attacker can then forge, replay and read
+    #[arg(long, conflicts_with = "cipher")]
+    no_payload_protection: bool,
+    /// Largest per-message buffer to agree to; a server asking for more is refused
+    #[arg(long, value_name = "BYTES", default_value_t = secure_rdma::client::DEFAULT_MAX_BUFFER)]
+    max_buffer_size: usize,
+    /// Accept a server whose RDMA GID is not the address reached over TLS (NAT, multi-homed)
+    #[arg(long)]
+    allow_gid_mismatch: bool,
+    /// Do not reconnect when the session is lost; exit with code 8 instead
+    #[arg(long)]
+    no_reconnect: bool,
+    /// Reconnection attempts after a lost session (exponential backoff from 200 ms to 5 s,
+    /// with jitter)
+    #[arg(long, value_name = "N", default_value_t = 6)]
+    reconnect_attempts: u32,
+}
+
+/// The ciphers `--cipher` accepts, preferred first.
+#[derive(Debug, Clone)]
+struct Ciphers(Vec<Cipher>);
+
+/// `--cipher`: `auto` accepts both, fastest first; a name accepts only that one.
+fn parse_ciphers(s: &str) -> Result<Ciphers, String> {
+    match s {
+        "auto" => Ok(Ciphers(Cipher::preference().to_vec())),
+        other => other
+            .parse::<Cipher>()
+            .map(|c| Ciphers(vec![c]))
+            .map_err(|e| format!("{e}, or auto")),
+    }
 }
 
 #[derive(Debug)]
@@ -133,26 +178,29 @@ async fn run(cli: Cli) -> i32 {
         device: cli.device.clone(),
         gid_index: cli.gid_index,
         timeout: Duration::from_secs(cli.timeout.max(1)),
+        ciphers: if cli.no_payload_protection {
+            Vec::new()
+        } else {
+            cli.cipher.0.clone()
+        },
+        max_buffer_size: cli.max_buffer_size,
+        allow_gid_mismatch: cli.allow_gid_mismatch,
     };
-    let mut client = match Client::connect(&cfg).await {
+    let backoff = Backoff {
+        attempts: if cli.no_reconnect {
+            0
+        } else {
+            cli.reconnect_attempts
+        },
+        ..Backoff::default()
+    };
+    let mut client = match connect(&cfg, backoff, false).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("secure-client: {e}");
             return e.exit_code();
         }
     };
-    let w = *client.session().wiring();
-    println!(
-        "connected to {}:{} as {} (device {}, GID {}, QPN {}; server QPN {}; max {} bytes)",
-        cli.host,
-        cli.port,
-        client.identity(),
-        client.device(),
-        w.local.gid,
-        w.local.qpn,
-        w.remote.qpn,
-        client.session().max_len()
-    );
 
     let interactive = cli.exec.is_empty() && std::io::stdin().is_terminal();
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
@@ -164,20 +212,46 @@ async fn run(cli: Cli) -> i32 {
             let _ = stdout.write_all(b"secure-client> ").await;
             let _ = stdout.flush().await;
         }
-        let line = if cli.exec.is_empty() {
-            match lines.next_line().await {
-                Ok(Some(l)) => l,
-                Ok(None) => break,
-                Err(e) => {
-                    eprintln!("secure-client: reading stdin: {e}");
-                    status = 1;
-                    break;
-                }
+        // Between commands, watch the session too: a server that tears it down (a forged
+        // message, shutdown, idle timeout) is noticed now, not at the next command.
+        let next = if cli.exec.is_empty() {
+            tokio::select! {
+                line = lines.next_line() => Next::Line(line),
+                closed = client.closed() => Next::Closed(closed),
             }
         } else {
-            match execs.next() {
-                Some(l) => l.clone(),
-                None => break,
+            tokio::select! {
+                biased;
+                closed = client.closed() => Next::Closed(closed),
+                _ = std::future::ready(()) => Next::Line(Ok(execs.next().cloned())),
+            }
+        };
+        let line = match next {
+            Next::Line(Ok(Some(l))) => l,
+            Next::Line(Ok(None)) => break,
+            Next::Line(Err(e)) => {
+                eprintln!("secure-client: reading stdin: {e}");
+                status = 1;
+                break;
+            }
+            Next::Closed(closed) => {
+                let why = match closed {
+                    Ok(None) => "the server closed the session".to_owned(),
+                    Ok(Some(reason)) => reason.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                eprintln!("secure-client: session lost: {why}");
+                if backoff.attempts == 0 {
+                    return 8;
+                }
+                client = match connect(&cfg, backoff, true).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("secure-client: {e}");
+                        return e.exit_code();
+                    }
+                };
+                continue;
             }
         };
         let cmd = match parse(&line) {
@@ -192,21 +266,41 @@ async fn run(cli: Cli) -> i32 {
                 continue;
             }
         };
-        let result = match cmd {
-            Cmd::Help => {
-                println!("{HELP}");
-                continue;
+        let mut resent = false;
+        let result = loop {
+            let result = match cmd {
+                Cmd::Help => {
+                    println!("{HELP}");
+                    break None;
+                }
+                Cmd::Quit => break Some(Err(None)),
+                Cmd::Send(msg) => client.send(msg.as_bytes()).await,
+                Cmd::Write(data) => client.write(data.as_bytes()).await,
+            };
+            match result {
+                // The server never acknowledged this command and the session is gone: it was not
+                // delivered (a server that tears a session down delivers nothing after it), so
+                // send it again on a new session, once.
+                Err(e) if e.is_session_lost() && backoff.attempts > 0 && !resent => {
+                    eprintln!("secure-client: session lost: {e}");
+                    client = match connect(&cfg, backoff, true).await {
+                        Ok(c) => c,
+                        Err(e) => break Some(Err(Some(e))),
+                    };
+                    eprintln!("secure-client: sending the interrupted command again");
+                    resent = true;
+                }
+                other => break Some(other.map_err(Some)),
             }
-            Cmd::Quit => break,
-            Cmd::Send(msg) => client.send(msg.as_bytes()).await,
-            Cmd::Write(data) => client.write(data.as_bytes()).await,
         };
         match result {
-            Ok(ack) => println!(
+            None => {}
+            Some(Err(None)) => break,
+            Some(Ok(ack)) => println!(
                 "server acknowledged {} #{}: {} bytes",
                 ack.op, ack.seq, ack.bytes
             ),
-            Err(e) => {
+            Some(Err(Some(e))) => {
                 eprintln!("secure-client: {e}");
                 return e.exit_code();
             }
@@ -216,6 +310,50 @@ async fn run(cli: Cli) -> i32 {
     client.quit().await;
     println!("disconnected");
     status
+}
+
+/// What the prompt loop waits for.
+enum Next {
+    Line(std::io::Result<Option<String>>),
+    Closed(Result<Option<secure_rdma::handshake::AbortReason>, ClientError>),
+}
+
+/// Connects (or reconnects), logging each failed attempt and the backoff; prints the
+/// connection line the first time and a shorter one on reconnection.
+async fn connect(cfg: &ClientConfig, backoff: Backoff, again: bool) -> Result<Client, ClientError> {
+    let client = connect_with_retry(cfg, backoff, |attempt, err, delay| {
+        eprintln!(
+            "secure-client: connection attempt {attempt} of {} failed: {err}; retrying in {} ms",
+            backoff.attempts + 1,
+            delay.as_millis()
+        );
+    })
+    .await?;
+    let protection = client
+        .session()
+        .cipher()
+        .map_or("OFF (payloads in clear)".to_owned(), |c| c.to_string());
+    let w = *client.session().wiring();
+    tracing::debug!(qpn = %w.local.qpn, server_qpn = %w.remote.qpn, "RDMA wiring");
+    if again {
+        println!(
+            "reconnected to {}:{} as {} (payload protection {protection})",
+            cfg.host,
+            cfg.port,
+            client.identity()
+        );
+    } else {
+        println!(
+            "connected to {}:{} as {} (device {}, GID {}; max {} bytes; payload protection {protection})",
+            cfg.host,
+            cfg.port,
+            client.identity(),
+            client.device(),
+            w.local.gid,
+            client.session().max_len()
+        );
+    }
+    Ok(client)
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
+use secure_rdma::protect::Cipher;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
-use secure_rdma::server::{Server, ServerConfig};
+use secure_rdma::server::{AuthFailures, ProtectionPolicy, Server, ServerConfig};
 use serde::Deserialize;
 
 #[cfg(feature = "telemetry")]
@@ -99,7 +100,27 @@ struct Opts {
     /// Serve Prometheus metrics at http://ADDR/metrics (implies --telemetry)
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<SocketAddr>,
-    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics)
+    /// Payload cipher: auto (AES-256-GCM where the CPU has AES instructions, else
+    /// ChaCha20-Poly1305; either one a client offers), aes-256-gcm or chacha20-poly1305
+    /// [default: auto]
+    #[arg(long, value_name = "CIPHER", value_parser = parse_cipher)]
+    #[serde(default, deserialize_with = "cipher_from_toml")]
+    cipher: Option<CipherChoice>,
+    /// Payloads in clear, no AEAD: to measure what protection costs and to show the forgery it
+    /// stops. An on-path attacker can then forge, replay and read messages
+    #[arg(long, conflicts_with = "cipher")]
+    #[serde(default)]
+    no_payload_protection: bool,
+    /// Also serve clients that ask for payloads in clear (refused by default)
+    #[arg(long)]
+    #[serde(default)]
+    allow_unprotected: bool,
+    /// Accept clients whose RDMA GID is not the address of their TLS connection (NAT,
+    /// multi-homed hosts); by default such a client is refused before its QP is connected
+    #[arg(long)]
+    #[serde(default)]
+    allow_gid_mismatch: bool,
+    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -107,6 +128,45 @@ struct Opts {
     #[arg(long, value_name = "FORMAT", default_value = "text")]
     #[serde(skip)]
     log_format: LogFormatArg,
+}
+
+/// `--cipher`: one cipher, or whatever suits this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CipherChoice {
+    Auto,
+    Only(Cipher),
+}
+
+fn parse_cipher(s: &str) -> Result<CipherChoice, String> {
+    match s {
+        "auto" => Ok(CipherChoice::Auto),
+        other => other
+            .parse()
+            .map(CipherChoice::Only)
+            .map_err(|e: secure_rdma::protect::UnknownCipher| format!("{e}, or auto")),
+    }
+}
+
+fn cipher_from_toml<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<CipherChoice>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_cipher(&s).map(Some).map_err(serde::de::Error::custom)
+}
+
+/// The payload-protection policy the flags (then the file) ask for.
+fn protection_policy(flags: &Opts, file: &Opts) -> ProtectionPolicy {
+    if flags.no_payload_protection || file.no_payload_protection {
+        return ProtectionPolicy::off();
+    }
+    let ciphers = match flags.cipher.or(file.cipher).unwrap_or(CipherChoice::Auto) {
+        CipherChoice::Auto => Cipher::preference().to_vec(),
+        CipherChoice::Only(c) => vec![c],
+    };
+    ProtectionPolicy {
+        ciphers,
+        allow_unprotected: flags.allow_unprotected || file.allow_unprotected,
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -214,6 +274,8 @@ async fn serve(flags: Opts) -> Result<()> {
         Some(path) => load_config(path)?,
         None => Opts::default(),
     };
+    let protection = protection_policy(&flags, &file);
+    let allow_gid_mismatch = flags.allow_gid_mismatch || file.allow_gid_mismatch;
     let dir = flags
         .certs
         .or(file.certs)
@@ -253,7 +315,13 @@ async fn serve(flags: Opts) -> Result<()> {
             flags.quota.or(file.quota),
             file.limit.iter().chain(&flags.limit),
         )?,
+        protection,
+        allow_gid_mismatch,
+        auth_failures: AuthFailures::default(),
     };
+    if config.protection.ciphers.is_empty() {
+        tracing::warn!("payload protection is OFF (--no-payload-protection): an on-path attacker can forge, replay and read RDMA messages");
+    }
     let metrics = flags.metrics.or(file.metrics);
     if flags.telemetry || file.telemetry || metrics.is_some() {
         // Telemetry reports the server's own counts too, so it always has quotas (maybe empty).

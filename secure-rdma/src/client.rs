@@ -12,9 +12,11 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::handshake::{
-    Channel, HandshakeError, Message, Op, RejectReason, Verdict, CAPABILITIES, VERSION,
+    AbortReason, Channel, HandshakeError, Kind, Message, Op, RejectReason, Verdict, CAPABILITIES,
+    VERSION,
 };
-use crate::session::{Session, SessionConfig, SessionError, Tokens};
+use crate::protect::Cipher;
+use crate::session::{Secrets, Session, SessionConfig, SessionError, Tokens};
 use crate::tls::{self, Side};
 use crate::verbs::{Device, GidSelector, VerbsError};
 
@@ -38,7 +40,41 @@ pub struct ClientConfig {
     pub gid_index: Option<u32>,
     /// Timeout of each step.
     pub timeout: Duration,
+    /// Payload ciphers this client accepts, preferred first; empty asks for
+    /// payloads in clear (`--no-payload-protection`). A server that chooses
+    /// none while we offered some is refused: never silently unprotected.
+    pub ciphers: Vec<Cipher>,
+    /// The largest per-message buffer this client agrees to allocate; a
+    /// server asking for more is refused (it would make us pin its size in
+    /// memory for every slot).
+    pub max_buffer_size: usize,
+    /// Accept a server whose RDMA GID is not the address we reached over TLS.
+    pub allow_gid_mismatch: bool,
 }
+
+impl ClientConfig {
+    /// Settings for `host` with the defaults of `secure-client`: port 4433,
+    /// CA `certs/ca.pem`, no identity, both ciphers, 16 MiB buffers at most,
+    /// 5-second steps.
+    pub fn new(host: &str) -> ClientConfig {
+        ClientConfig {
+            host: host.to_owned(),
+            port: 4433,
+            server_name: host.to_owned(),
+            ca: "certs/ca.pem".into(),
+            identity: None,
+            device: None,
+            gid_index: None,
+            timeout: Duration::from_secs(5),
+            ciphers: Cipher::preference().to_vec(),
+            max_buffer_size: DEFAULT_MAX_BUFFER,
+            allow_gid_mismatch: false,
+        }
+    }
+}
+
+/// What [`ClientConfig::max_buffer_size`] is unless set: 16 MiB.
+pub const DEFAULT_MAX_BUFFER: usize = 16 << 20;
 
 /// Why the client stopped. Each variant has its own exit code.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +121,22 @@ pub enum ClientError {
     /// The RDMA connection could not be confirmed.
     #[error(transparent)]
     Confirm(SessionError),
+    /// The server would protect nothing (or not with a cipher we accept).
+    #[error("the server chose {chosen} for payloads, but this client requires {required}; refusing the session (--no-payload-protection accepts payloads in clear)")]
+    Unprotected {
+        /// What the server chose ("no protection" or a cipher).
+        chosen: String,
+        /// What we offered.
+        required: String,
+    },
+    /// The server asks for larger buffers than this client allocates.
+    #[error("the server asks for {asked}-byte buffers; this client allocates at most {max} (--max-buffer-size)")]
+    BufferTooLarge {
+        /// The server's buffer size.
+        asked: usize,
+        /// Our limit.
+        max: usize,
+    },
     /// Anything else in the protocol or on the RDMA path.
     #[error(transparent)]
     Session(SessionError),
@@ -104,6 +156,114 @@ impl ClientError {
             ClientError::Device(_) => 6,
             ClientError::Confirm(_) => 7,
             ClientError::Session(_) => 8,
+            ClientError::Unprotected { .. } | ClientError::BufferTooLarge { .. } => 9,
+        }
+    }
+
+    /// True when the session was lost but a new one may well work: the
+    /// server ended it (an authentication failure, a restart, shutdown), the
+    /// connection broke, or the server is not reachable (yet). False for
+    /// what a retry cannot fix: certificates, rejections, configuration.
+    pub fn is_session_lost(&self) -> bool {
+        match self {
+            ClientError::Unreachable { .. } | ClientError::TlsIo(_) => true,
+            ClientError::Session(SessionError::Handshake(h))
+            | ClientError::Confirm(SessionError::Handshake(h)) => {
+                matches!(
+                    h,
+                    HandshakeError::Aborted(_)
+                        | HandshakeError::Closed
+                        | HandshakeError::Io(_)
+                        | HandshakeError::Unexpected {
+                            got: Kind::Bye | Kind::Abort,
+                            ..
+                        }
+                )
+            }
+            ClientError::Session(SessionError::Verbs(_) | SessionError::Timeout(..)) => true,
+            ClientError::Rejected(RejectReason::ShuttingDown) => true,
+            _ => false,
+        }
+    }
+}
+
+/// How [`connect_with_retry`] retries: exponential backoff with full jitter,
+/// bounded in attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Attempts after the first failure; 0 never retries.
+    pub attempts: u32,
+    /// The first delay's upper bound; doubled after each failure.
+    pub base: Duration,
+    /// No delay exceeds this.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    /// 6 retries from 200 ms, at most 5 s apart.
+    fn default() -> Self {
+        Backoff {
+            attempts: 6,
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry `n` (0-based): uniform in
+    /// `[cap/2, cap]` with `cap = min(max, base * 2^n)`. The jitter keeps
+    /// many clients that lost one server from reconnecting in lockstep; the
+    /// floor keeps a retry from hammering a restarting server.
+    pub fn delay(&self, n: u32) -> Duration {
+        use rand_core::RngCore;
+        let cap = self
+            .base
+            .saturating_mul(1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX))
+            .min(self.max);
+        let half = cap / 2;
+        let span = u64::try_from((cap - half).as_micros()).unwrap_or(u64::MAX);
+        let jitter = if span == 0 {
+            0
+        } else {
+            rand_core::OsRng.next_u64() % (span + 1)
+        };
+        half + Duration::from_micros(jitter)
+    }
+}
+
+/// Connects, retrying with [`Backoff`] while the failure is one a new
+/// attempt can fix ([`ClientError::is_session_lost`]). `on_retry` is told
+/// each failed attempt (1-based), its error and the delay before the next,
+/// so the caller can log it.
+///
+/// ```no_run
+/// use secure_rdma::client::{connect_with_retry, Backoff, ClientConfig};
+///
+/// # async fn demo() -> Result<(), secure_rdma::client::ClientError> {
+/// let cfg = ClientConfig::new("10.77.0.1");
+/// let client = connect_with_retry(&cfg, Backoff::default(), |attempt, err, delay| {
+///     eprintln!("attempt {attempt} failed: {err}; retrying in {delay:?}");
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect_with_retry(
+    cfg: &ClientConfig,
+    backoff: Backoff,
+    mut on_retry: impl FnMut(u32, &ClientError, Duration),
+) -> Result<Client, ClientError> {
+    let mut n = 0;
+    loop {
+        match Client::connect(cfg).await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.is_session_lost() && n < backoff.attempts => {
+                let delay = backoff.delay(n);
+                n += 1;
+                on_retry(n, &e, delay);
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -143,14 +303,9 @@ impl Client {
     ///
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let mut client = Client::connect(&ClientConfig {
-    ///     host: "10.77.0.1".into(),
-    ///     port: 4433,
-    ///     server_name: "10.77.0.1".into(),
-    ///     ca: "certs/ca.pem".into(),
     ///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
-    ///     device: None,
-    ///     gid_index: None,
     ///     timeout: Duration::from_secs(5),
+    ///     ..ClientConfig::new("10.77.0.1")
     /// })
     /// .await?;
     /// let ack = client.send(b"hello over RDMA").await?;
@@ -206,6 +361,7 @@ impl Client {
         chan.send(&Message::Hello {
             version: VERSION,
             capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            ciphers: cfg.ciphers.clone(),
         })
         .await
         .map_err(tls_or)?;
@@ -213,20 +369,64 @@ impl Client {
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity) = match verdict {
+        let (buffer_size, identity, cipher) = match verdict {
             Verdict::Accepted {
                 buffer_size,
                 identity,
-            } => (buffer_size as usize, identity),
+                cipher,
+            } => (buffer_size as usize, identity, cipher),
             Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
         };
+        // The accept is authenticated by TLS, so a downgrade here is the
+        // server's own choice; still, never run unprotected unless asked to.
+        let acceptable = match cipher {
+            None => cfg.ciphers.is_empty(),
+            Some(c) => cfg.ciphers.contains(&c),
+        };
+        if !acceptable {
+            let list: Vec<&str> = cfg.ciphers.iter().map(|c| c.name()).collect();
+            return Err(ClientError::Unprotected {
+                chosen: cipher.map_or("no protection".to_owned(), |c| c.to_string()),
+                required: if list.is_empty() {
+                    "no protection".to_owned()
+                } else {
+                    list.join(" or ")
+                },
+            });
+        }
+        if buffer_size > cfg.max_buffer_size {
+            return Err(ClientError::BufferTooLarge {
+                asked: buffer_size,
+                max: cfg.max_buffer_size,
+            });
+        }
+        let protection = match cipher {
+            None => None,
+            Some(c) => Some(tls::payload_protection(
+                chan.get_ref().get_ref().1,
+                Side::Client,
+                c,
+            )?),
+        };
+        let server_ip = chan
+            .get_ref()
+            .get_ref()
+            .0
+            .peer_addr()
+            .map_err(unreachable)?
+            .ip();
         let (device, sgid) = pick_device(cfg, local).map_err(ClientError::Device)?;
         let session_cfg = SessionConfig {
             buffer_size,
             timeout: cfg.timeout,
+            protected: protection.is_some(),
+            // The server never writes into a client: no client memory is remotely accessible.
+            accept_writes: false,
+            peer_address: (!cfg.allow_gid_mismatch).then_some(server_ip),
             ..SessionConfig::default()
         };
-        let session = Session::establish(&mut chan, &device, sgid, tokens, session_cfg)
+        let secrets = Secrets { tokens, protection };
+        let session = Session::establish(&mut chan, &device, sgid, secrets, session_cfg)
             .await
             .map_err(|e| match e {
                 SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
@@ -292,6 +492,15 @@ impl Client {
         self.ack(Op::Write).await
     }
 
+    /// Waits until the server ends the session on its own: `Ok(None)` for
+    /// an orderly bye (shutdown, idle), `Ok(Some(reason))` for an abort (an
+    /// RDMA message failed authentication), `Err` when the connection
+    /// broke. Cancel-safe: select on it between operations to notice a lost
+    /// session before the next command.
+    pub async fn closed(&mut self) -> Result<Option<AbortReason>, ClientError> {
+        self.chan.expect_close().await.map_err(tls_or)
+    }
+
     /// Says bye, waits briefly for the server's bye, and frees everything.
     pub async fn quit(mut self) {
         if self.chan.send(&Message::Bye).await.is_ok() {
@@ -316,5 +525,62 @@ fn pick_device(
             let gid = dev.select_gid(&selector)?;
             Ok((dev, gid))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_exponentially_with_jitter_and_stays_bounded() {
+        let b = Backoff {
+            attempts: 8,
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        };
+        for n in 0..12 {
+            let cap = Duration::from_millis(100 * (1u64 << n.min(20))).min(b.max);
+            let delays: Vec<Duration> = (0..50).map(|_| b.delay(n)).collect();
+            for d in &delays {
+                assert!(
+                    *d >= cap / 2 && *d <= cap,
+                    "retry {n}: {d:?} outside [{:?}, {cap:?}]",
+                    cap / 2
+                );
+            }
+            if cap >= Duration::from_millis(100) {
+                let first = delays[0];
+                assert!(delays.iter().any(|d| *d != first), "retry {n}: no jitter");
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_lost_session_is_retried() {
+        let lost = ClientError::Session(SessionError::Handshake(HandshakeError::Aborted(
+            AbortReason::AuthenticationFailed,
+        )));
+        assert!(lost.is_session_lost());
+        let refused = ClientError::Unreachable {
+            addr: "10.77.0.1:4433".into(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        };
+        assert!(
+            refused.is_session_lost(),
+            "a restarting server refuses for a while"
+        );
+        let full = ClientError::Rejected(RejectReason::ServerFull { active: 1, max: 1 });
+        assert!(!full.is_session_lost());
+        let policy = ClientError::Unprotected {
+            chosen: "no protection".into(),
+            required: "aes-256-gcm".into(),
+        };
+        assert!(!policy.is_session_lost());
+        assert_eq!(policy.exit_code(), 9);
+        assert!(
+            policy.to_string().contains("--no-payload-protection"),
+            "{policy}"
+        );
     }
 }

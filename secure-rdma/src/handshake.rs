@@ -22,6 +22,7 @@ use std::net::IpAddr;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::protect::Cipher;
 use crate::psn::{Psn, Qpn};
 use crate::verbs::{Gid, PathMtu, RemoteBuffer};
 
@@ -51,6 +52,9 @@ pub enum HandshakeError {
         /// Why it was refused.
         reason: String,
     },
+    /// The peer ended the session and said why.
+    #[error("the server ended the session: {0}")]
+    Aborted(AbortReason),
     /// A well-formed message that does not belong at this step.
     #[error("protocol error: expected {expected}, got {got}{}", if *got == Kind::Bye { " (the peer closed the connection)" } else { "" })]
     Unexpected {
@@ -74,8 +78,10 @@ pub struct Endpoint {
     pub psn: Psn,
     /// Our port's active MTU; the connection uses the smaller of both.
     pub mtu: PathMtu,
-    /// The buffer the peer may RDMA WRITE into.
-    pub buffer: RemoteBuffer,
+    /// The buffer the peer may RDMA WRITE into; `None` when this side
+    /// accepts no writes (its memory then has no remote access at all).
+    #[serde(default)]
+    pub buffer: Option<RemoteBuffer>,
 }
 
 impl Endpoint {
@@ -101,24 +107,33 @@ impl Endpoint {
                 reason: format!("{} is a reserved QP", self.qpn),
             });
         }
-        if self.buffer.len == 0 || self.buffer.addr.checked_add(self.buffer.len).is_none() {
-            return Err(HandshakeError::Invalid {
-                field: "buffer",
-                reason: format!(
-                    "{} bytes at {:#x} is not a valid region",
-                    self.buffer.len, self.buffer.addr
-                ),
-            });
+        if let Some(buffer) = self.buffer {
+            if buffer.len == 0 || buffer.addr.checked_add(buffer.len).is_none() {
+                return Err(HandshakeError::Invalid {
+                    field: "buffer",
+                    reason: format!(
+                        "{} bytes at {:#x} is not a valid region",
+                        buffer.len, buffer.addr
+                    ),
+                });
+            }
         }
         Ok(())
     }
 }
 
 /// Version of this protocol; a peer with another version is rejected.
-pub const VERSION: u32 = 1;
+/// Version 2 added payload protection (ciphers in the hello, the choice in
+/// the accept, [`Message::Abort`]).
+pub const VERSION: u32 = 2;
 
 /// Capabilities this implementation offers in its hello.
-pub const CAPABILITIES: [&str; 3] = ["send", "write-with-imm", "confirm-token"];
+pub const CAPABILITIES: [&str; 4] = [
+    "send",
+    "write-with-imm",
+    "confirm-token",
+    "payload-protection",
+];
 
 /// Why the server refused a client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,6 +166,12 @@ pub enum RejectReason {
         /// What is missing.
         detail: String,
     },
+    /// The server's policy refuses what the client asked for (e.g. a
+    /// session without payload protection).
+    Policy {
+        /// Which policy, and how to comply.
+        detail: String,
+    },
 }
 
 impl std::fmt::Display for RejectReason {
@@ -164,6 +185,7 @@ impl std::fmt::Display for RejectReason {
             ),
             RejectReason::ShuttingDown => f.write_str("server is shutting down"),
             RejectReason::Unavailable { detail } => write!(f, "server cannot serve RDMA: {detail}"),
+            RejectReason::Policy { detail } => write!(f, "refused by server policy: {detail}"),
         }
     }
 }
@@ -187,6 +209,27 @@ impl std::fmt::Display for Op {
     }
 }
 
+/// Why a side ends an established session on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AbortReason {
+    /// A message that arrived over RDMA failed authentication: forged,
+    /// replayed or corrupted. Its QP accepted a packet the peer never sent,
+    /// so the session cannot go on; the client may reconnect.
+    AuthenticationFailed,
+}
+
+impl std::fmt::Display for AbortReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AbortReason::AuthenticationFailed => f.write_str(
+                "an RDMA message failed authentication (forged, replayed or corrupted); \
+                 the session was torn down",
+            ),
+        }
+    }
+}
+
 /// Every message of the control channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -197,6 +240,10 @@ pub enum Message {
         version: u32,
         /// Features the client supports.
         capabilities: Vec<String>,
+        /// The payload ciphers the client accepts, preferred first; empty
+        /// asks for payloads in clear (`--no-payload-protection`).
+        #[serde(default)]
+        ciphers: Vec<Cipher>,
     },
     /// The server admits the client.
     Accept {
@@ -204,6 +251,9 @@ pub enum Message {
         buffer_size: u32,
         /// The identity the server authenticated.
         identity: String,
+        /// The cipher protecting payloads, `None` for payloads in clear.
+        #[serde(default)]
+        cipher: Option<Cipher>,
     },
     /// The server refuses the client.
     Reject {
@@ -230,6 +280,11 @@ pub enum Message {
     },
     /// Orderly close.
     Bye,
+    /// The sender ends the session on its own, and says why.
+    Abort {
+        /// Why.
+        reason: AbortReason,
+    },
 }
 
 /// The kind of a [`Message`], without its fields: what a step expects and what came.
@@ -251,6 +306,8 @@ pub enum Kind {
     Ack,
     /// [`Message::Bye`].
     Bye,
+    /// [`Message::Abort`].
+    Abort,
 }
 
 impl Kind {
@@ -265,6 +322,7 @@ impl Kind {
             Kind::Confirmed => "confirmed",
             Kind::Ack => "ack",
             Kind::Bye => "bye",
+            Kind::Abort => "abort",
         }
     }
 }
@@ -287,6 +345,7 @@ impl Message {
             Message::Confirmed => Kind::Confirmed,
             Message::Ack { .. } => Kind::Ack,
             Message::Bye => Kind::Bye,
+            Message::Abort { .. } => Kind::Abort,
         }
     }
 }
@@ -298,6 +357,8 @@ pub struct Hello {
     pub version: u32,
     /// Features the client supports.
     pub capabilities: Vec<String>,
+    /// Payload ciphers the client accepts, preferred first; empty for none.
+    pub ciphers: Vec<Cipher>,
 }
 
 /// The server's answer to a hello, as the client receives it (step 2).
@@ -309,6 +370,8 @@ pub enum Verdict {
         buffer_size: u32,
         /// The identity the server authenticated.
         identity: String,
+        /// The payload cipher, `None` for payloads in clear.
+        cipher: Option<Cipher>,
     },
     /// Refused, with the reason.
     Rejected(RejectReason),
@@ -385,9 +448,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
             Message::Hello {
                 version,
                 capabilities,
+                ciphers,
             } => Ok(Hello {
                 version,
                 capabilities,
+                ciphers,
             }),
             other => Err(unexpected(Kind::Hello, &other)),
         }
@@ -399,9 +464,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
             Message::Accept {
                 buffer_size,
                 identity,
+                cipher,
             } => Ok(Verdict::Accepted {
                 buffer_size,
                 identity,
+                cipher,
             }),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
@@ -442,7 +509,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     pub async fn expect_ack(&mut self) -> Result<Ack, HandshakeError> {
         match self.recv::<Message>().await? {
             Message::Ack { op, seq, bytes } => Ok(Ack { op, seq, bytes }),
+            Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
             other => Err(unexpected(Kind::Ack, &other)),
+        }
+    }
+
+    /// Waits for the server to end an established session (client side,
+    /// between operations): `Ok(None)` for an orderly bye, `Ok(Some(reason))`
+    /// for an abort. Cancel-safe, so it can sit in a `select!` next to the
+    /// user's input.
+    pub async fn expect_close(&mut self) -> Result<Option<AbortReason>, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Bye => Ok(None),
+            Message::Abort { reason } => Ok(Some(reason)),
+            other => Err(unexpected(Kind::Bye, &other)),
         }
     }
 
@@ -484,11 +564,11 @@ mod tests {
             qpn: Qpn::new(0x11).unwrap(),
             psn: Psn::new(0xabcdef).unwrap(),
             mtu: PathMtu::Mtu1024,
-            buffer: RemoteBuffer {
+            buffer: Some(RemoteBuffer {
                 addr: 0x7f00_0000_0000,
                 rkey: 0x1234,
                 len: 4096,
-            },
+            }),
         }
     }
 
@@ -499,6 +579,7 @@ mod tests {
         let hello = Message::Hello {
             version: VERSION,
             capabilities: vec!["send".into()],
+            ciphers: vec![Cipher::Aes256Gcm],
         };
         a.send(&hello).await.unwrap();
         a.send(&Message::Endpoint {
@@ -553,6 +634,19 @@ mod tests {
             "protocol error: expected endpoint, got ready"
         );
 
+        // An abort where an ack belongs carries the server's reason.
+        a.send(&Message::Abort {
+            reason: AbortReason::AuthenticationFailed,
+        })
+        .await
+        .unwrap();
+        let err = b.expect_ack().await.unwrap_err();
+        assert!(matches!(
+            err,
+            HandshakeError::Aborted(AbortReason::AuthenticationFailed)
+        ));
+        assert!(err.to_string().contains("failed authentication"), "{err}");
+
         // A bye where an ack belongs says the peer left.
         a.send(&Message::Bye).await.unwrap();
         let err = b.expect_ack().await.unwrap_err();
@@ -588,7 +682,9 @@ mod tests {
         );
         // An endpoint that parses but is unusable is refused by the receiver itself.
         let mut bad = endpoint();
-        bad.buffer.len = 0;
+        if let Some(b) = bad.buffer.as_mut() {
+            b.len = 0;
+        }
         a.send(&Message::Endpoint { endpoint: bad }).await.unwrap();
         assert!(matches!(
             b.expect_endpoint().await,
@@ -607,6 +703,24 @@ mod tests {
             let json = serde_json::to_value(&msg).unwrap();
             assert_eq!(json["type"], kind.name());
         }
+    }
+
+    #[test]
+    fn protection_fields_have_wire_names_and_defaults() {
+        let json = serde_json::to_string(&Message::Accept {
+            buffer_size: 4096,
+            identity: "alice".into(),
+            cipher: Some(Cipher::ChaCha20Poly1305),
+        })
+        .unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":"chacha20-poly1305"}"#
+        );
+        // A peer that does not know the field asks for, or gets, no protection.
+        let old: Message =
+            serde_json::from_str(r#"{"type":"hello","version":1,"capabilities":[]}"#).unwrap();
+        assert!(matches!(old, Message::Hello { ciphers, .. } if ciphers.is_empty()));
     }
 
     #[test]
@@ -675,10 +789,14 @@ mod tests {
         e.qpn = Qpn::new(1).unwrap();
         assert!(e.validate().unwrap_err().to_string().contains("reserved"));
         let mut e = endpoint();
-        e.buffer.len = 0;
+        if let Some(b) = e.buffer.as_mut() {
+            b.len = 0;
+        }
         assert!(e.validate().is_err());
         let mut e = endpoint();
-        e.buffer.addr = u64::MAX;
+        if let Some(b) = e.buffer.as_mut() {
+            b.addr = u64::MAX;
+        }
         assert!(e.validate().is_err());
         let mut e = endpoint();
         e.gid = "::ffff:255.255.255.255".parse().unwrap();

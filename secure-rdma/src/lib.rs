@@ -13,6 +13,8 @@
 //!   confirmation tokens derived from the session.
 //! - [`certs`]: the deployment's private CA and its server and client
 //!   certificates (`secure-server certs`).
+//! - [`protect`]: payload protection, AEAD over every RDMA SEND and WRITE
+//!   with per-direction keys from the TLS session.
 //! - [`handshake`]: the wire format of the connection setup, one typed
 //!   receiver per step.
 //! - [`session`]: one connection's RDMA resources, connected and confirmed.
@@ -29,6 +31,7 @@
 pub mod certs;
 pub mod client;
 pub mod handshake;
+pub mod protect;
 pub mod psn;
 pub use rdma_quota as quota;
 pub mod server;

@@ -21,10 +21,13 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use crate::handshake::{
-    Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, VERSION,
+    AbortReason, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, VERSION,
 };
+use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
-use crate::session::{Arrival, Session, SessionAdmission, SessionConfig, Tokens};
+use crate::session::{
+    Arrival, Secrets, Session, SessionAdmission, SessionConfig, SessionError, Tokens,
+};
 use crate::tls::{self, Side};
 use crate::verbs::{Device, GidEntry, GidSelector, VerbsError};
 
@@ -54,6 +57,117 @@ pub struct ServerConfig {
     /// Thresholds enforced on every client's RDMA resources before they are
     /// made; `None` admits everything. Keep a clone to read its counts.
     pub quotas: Option<Quotas>,
+    /// Payload protection: which ciphers, and whether clients without it
+    /// are served.
+    pub protection: ProtectionPolicy,
+    /// Accept a client whose RDMA GID is not the address its TLS connection
+    /// comes from (NAT, multi-homed hosts). Off by default: a client could
+    /// otherwise point the server's QP at another host.
+    pub allow_gid_mismatch: bool,
+    /// Counts of messages that failed authentication, per identity. Keep a
+    /// clone to read them (telemetry, metrics).
+    pub auth_failures: AuthFailures,
+}
+
+/// The server's payload-protection policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtectionPolicy {
+    /// Ciphers the server uses, preferred first; empty never protects
+    /// (`--no-payload-protection`).
+    pub ciphers: Vec<Cipher>,
+    /// Serve clients that ask for payloads in clear. Off by default: an
+    /// on-path attacker can forge and read such a session's messages.
+    pub allow_unprotected: bool,
+}
+
+impl Default for ProtectionPolicy {
+    /// Both ciphers, fastest on this CPU first; unprotected clients refused.
+    fn default() -> Self {
+        ProtectionPolicy {
+            ciphers: Cipher::preference().to_vec(),
+            allow_unprotected: false,
+        }
+    }
+}
+
+impl ProtectionPolicy {
+    /// Payloads in clear for everyone (`--no-payload-protection`: to measure
+    /// the cost, and to show the attack it invites).
+    pub fn off() -> Self {
+        ProtectionPolicy {
+            ciphers: Vec::new(),
+            allow_unprotected: true,
+        }
+    }
+
+    /// The cipher for a client that accepts `offered` (its preference
+    /// order), or why the client cannot be served.
+    ///
+    /// ```
+    /// use secure_rdma::protect::Cipher;
+    /// use secure_rdma::server::ProtectionPolicy;
+    ///
+    /// let strict = ProtectionPolicy { ciphers: vec![Cipher::Aes256Gcm], allow_unprotected: false };
+    /// assert_eq!(strict.choose(&[Cipher::ChaCha20Poly1305, Cipher::Aes256Gcm]), Ok(Some(Cipher::Aes256Gcm)));
+    /// assert!(strict.choose(&[]).is_err());
+    /// assert_eq!(ProtectionPolicy::off().choose(&[Cipher::Aes256Gcm]), Ok(None));
+    /// ```
+    pub fn choose(&self, offered: &[Cipher]) -> Result<Option<Cipher>, RejectReason> {
+        if self.ciphers.is_empty() {
+            return Ok(None);
+        }
+        if offered.is_empty() {
+            return match self.allow_unprotected {
+                true => Ok(None),
+                false => Err(RejectReason::Policy {
+                    detail: "this server requires payload protection and the client offered none \
+                             (it runs with --no-payload-protection)"
+                        .to_owned(),
+                }),
+            };
+        }
+        match self.ciphers.iter().find(|c| offered.contains(c)) {
+            Some(c) => Ok(Some(*c)),
+            None => Err(RejectReason::Policy {
+                detail: format!(
+                    "no common payload cipher: the server uses {}, the client offered {}",
+                    names(&self.ciphers),
+                    names(offered)
+                ),
+            }),
+        }
+    }
+}
+
+fn names(ciphers: &[Cipher]) -> String {
+    ciphers
+        .iter()
+        .map(|c| c.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Messages that failed authentication, per client identity: each one is a
+/// forgery, a replay or corruption on the RDMA path, and ended its session.
+#[derive(Debug, Clone, Default)]
+pub struct AuthFailures(Arc<Mutex<std::collections::BTreeMap<String, u64>>>);
+
+impl AuthFailures {
+    /// Counts one failure of `identity`'s session.
+    pub fn record(&self, identity: &str) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *map.entry(identity.to_owned()).or_insert(0) += 1;
+    }
+
+    /// The counts so far.
+    pub fn snapshot(&self) -> std::collections::BTreeMap<String, u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// All failures so far.
+    pub fn total(&self) -> u64 {
+        self.snapshot().values().sum()
+    }
 }
 
 /// Errors that stop the server from starting.
@@ -156,6 +270,9 @@ impl Server {
     ///     handshake_timeout: Duration::from_secs(10),
     ///     idle_timeout: Duration::from_secs(300),
     ///     quotas: None,
+    ///     protection: Default::default(), // AEAD on every payload, unprotected clients refused
+    ///     allow_gid_mismatch: false,
+    ///     auth_failures: Default::default(),
     /// })
     /// .await?;
     /// println!("listening on {}", server.local_addr()?);
@@ -343,7 +460,7 @@ async fn serve(
     // span happens to be current on the accepting thread.
     let span = tracing::info_span!(parent: None, "client", id = %identity, %peer);
     async move {
-        match admit(chan, identity, local_ip, tokens, &shared, &stop).await {
+        match admit(chan, identity, local_ip, peer.ip(), tokens, &shared, &stop).await {
             Ok(admitted) => serve_session(admitted, &shared, stop).await,
             Err(outcome) => outcome,
         }
@@ -371,7 +488,7 @@ struct Admitted {
     identity: String,
     device: Arc<Device>,
     sgid: GidEntry,
-    tokens: Tokens,
+    secrets: Secrets,
     session_cfg: SessionConfig,
     held: Held,
 }
@@ -379,17 +496,19 @@ struct Admitted {
 /// Admission, steps 1–2 of the [handshake](crate::handshake): the hello, a
 /// slot, a device, the quotas; the client is told `accept` or why not. On a
 /// refusal everything reserved so far is released and the outcome returned.
+#[allow(clippy::too_many_arguments)] // one per fact about the connection, named
 async fn admit(
     mut chan: ServerChannel,
     identity: String,
     local_ip: IpAddr,
+    peer_ip: IpAddr,
     tokens: Tokens,
     shared: &Shared,
     stop: &watch::Receiver<bool>,
 ) -> Result<Admitted, Outcome> {
     let cfg = &shared.config;
-    match tokio::time::timeout(cfg.handshake_timeout, chan.expect_hello()).await {
-        Ok(Ok(hello)) if hello.version == VERSION => {}
+    let hello = match tokio::time::timeout(cfg.handshake_timeout, chan.expect_hello()).await {
+        Ok(Ok(hello)) if hello.version == VERSION => hello,
         Ok(Ok(hello)) => {
             let reason = RejectReason::Version {
                 server: VERSION,
@@ -405,10 +524,24 @@ async fn admit(
             tracing::warn!("no hello in time");
             return Err(Outcome::Failed);
         }
-    }
+    };
     if *stop.borrow() {
         return Err(reject(&mut chan, RejectReason::ShuttingDown).await);
     }
+    let cipher = match cfg.protection.choose(&hello.ciphers) {
+        Ok(c) => c,
+        Err(reason) => return Err(reject(&mut chan, reason).await),
+    };
+    let protection = match cipher {
+        None => None,
+        Some(c) => match tls::payload_protection(chan.get_ref().get_ref().1, Side::Server, c) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::error!(error = %e, "TLS exporter failed");
+                return Err(Outcome::Failed);
+            }
+        },
+    };
     // A client slot before any RDMA resource exists.
     let Ok(slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
         let max = cfg.max_clients;
@@ -425,6 +558,9 @@ async fn admit(
     };
     let session_cfg = SessionConfig {
         buffer_size: cfg.buffer_size,
+        protected: protection.is_some(),
+        accept_writes: true,
+        peer_address: (!cfg.allow_gid_mismatch).then_some(peer_ip),
         ..SessionConfig::default()
     };
     // Quotas are checked for everything the session will make, before any of
@@ -457,6 +593,7 @@ async fn admit(
     let accept = Message::Accept {
         buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
         identity: identity.clone(),
+        cipher,
     };
     if chan.send(&accept).await.is_err() {
         return Err(Outcome::Failed);
@@ -466,7 +603,7 @@ async fn admit(
         identity,
         device,
         sgid,
-        tokens,
+        secrets: Secrets { tokens, protection },
         session_cfg,
         held: Held {
             _quota: quota,
@@ -489,11 +626,11 @@ async fn serve_session(
         identity,
         device,
         sgid,
-        tokens,
+        secrets,
         session_cfg,
         held,
     } = admitted;
-    let setup = Session::establish(&mut chan, &device, sgid, tokens, session_cfg);
+    let setup = Session::establish(&mut chan, &device, sgid, secrets, session_cfg);
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -506,13 +643,20 @@ async fn serve_session(
         }
     };
     let w = *session.wiring();
+    // QPNs, rkeys and addresses help an attacker aim (ReDMArk): debug only.
+    tracing::debug!(
+        client = %identity,
+        qpn = %w.local.qpn,
+        peer_qpn = %w.remote.qpn,
+        rkey = w.local.buffer.map(|b| b.rkey),
+        "RDMA wiring"
+    );
     tracing::info!(
         client = %identity,
         device = device.name(),
         gid = %w.local.gid,
-        qpn = %w.local.qpn,
         peer_gid = %w.remote.gid,
-        peer_qpn = %w.remote.qpn,
+        cipher = session.cipher().map_or("none", |c| c.name()),
         active = cfg.max_clients - shared.slots.available_permits(),
         max = cfg.max_clients,
         "client connected"
@@ -533,6 +677,25 @@ async fn serve_session(
                 let (op, data) = match arrival {
                     Ok(Arrival::Send(d)) => (Op::Send, d),
                     Ok(Arrival::Write(d)) => (Op::Write, d),
+                    Err(SessionError::Auth(e)) => {
+                        // Nothing of the message was delivered. The QP consumed a PSN the
+                        // client never sent, so its next message would be dropped as a
+                        // duplicate: end the session and tell the client why.
+                        cfg.auth_failures.record(&identity);
+                        tracing::warn!(
+                            client = %identity,
+                            detail = %e,
+                            failures = cfg.auth_failures.total(),
+                            "RDMA message failed authentication (forged, replayed or corrupted); tearing the session down"
+                        );
+                        let reason = AbortReason::AuthenticationFailed;
+                        let _ = tokio::time::timeout(
+                            cfg.idle_timeout.min(std::time::Duration::from_secs(5)),
+                            chan.send(&Message::Abort { reason }),
+                        )
+                        .await;
+                        break "RDMA message failed authentication".to_owned();
+                    }
                     Err(e) => break format!("RDMA error: {e}"),
                 };
                 seq += 1;
@@ -575,6 +738,51 @@ where
 #[cfg(test)]
 mod tests {
     use super::render;
+
+    #[test]
+    fn protection_policy_picks_a_common_cipher_or_says_why_not() {
+        use super::{Cipher, ProtectionPolicy, RejectReason};
+        let auto = ProtectionPolicy::default();
+        assert!(!auto.allow_unprotected);
+        // The server's preference wins among what the client accepts.
+        let both = [Cipher::ChaCha20Poly1305, Cipher::Aes256Gcm];
+        assert_eq!(auto.choose(&both), Ok(Some(auto.ciphers[0])));
+        assert_eq!(
+            auto.choose(&[Cipher::ChaCha20Poly1305]),
+            Ok(Some(Cipher::ChaCha20Poly1305))
+        );
+        // A client asking for payloads in clear is refused, with the reason and the fix.
+        match auto.choose(&[]) {
+            Err(RejectReason::Policy { detail }) => {
+                assert!(detail.contains("--no-payload-protection"), "{detail}")
+            }
+            other => panic!("unprotected client admitted: {other:?}"),
+        }
+        let lenient = ProtectionPolicy {
+            allow_unprotected: true,
+            ..ProtectionPolicy::default()
+        };
+        assert_eq!(lenient.choose(&[]), Ok(None));
+        let only_aes = ProtectionPolicy {
+            ciphers: vec![Cipher::Aes256Gcm],
+            allow_unprotected: false,
+        };
+        let err = only_aes.choose(&[Cipher::ChaCha20Poly1305]).unwrap_err();
+        assert!(
+            err.to_string().contains("no common payload cipher"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn auth_failures_count_per_identity() {
+        let f = super::AuthFailures::default();
+        f.record("alice");
+        f.record("alice");
+        f.clone().record("bob");
+        assert_eq!(f.total(), 3);
+        assert_eq!(f.snapshot().get("alice"), Some(&2));
+    }
 
     #[test]
     fn render_text_or_hex() {

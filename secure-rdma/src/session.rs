@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::handshake::{Channel, Endpoint, HandshakeError, Message};
+use crate::handshake::{Channel, Endpoint, HandshakeError, Message, Op};
+use crate::protect::{AuthError, Protection, SealError, HEADER_LEN, OVERHEAD};
 use crate::psn::Psn;
 use crate::quota::{Admission, Refusal, TenantQuota, Verb};
 use crate::tls::TOKEN_LEN;
@@ -56,23 +57,60 @@ pub enum SessionError {
     /// The control channel did not answer in time.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
+    /// A message that arrived over RDMA is not the peer's: nothing of it was delivered. The
+    /// QP accepted a packet the peer never sent, so the session must end.
+    #[error("RDMA message failed authentication (forged, replayed or corrupted): {0}")]
+    Auth(#[source] AuthError),
+    /// A message could not be sealed.
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    /// Payload protection was configured without keys, or keys given with
+    /// protection off.
+    #[error("payload protection: SessionConfig::protected and Secrets::protection disagree")]
+    ProtectionMismatch,
+    /// The peer's GID is not the address its TLS connection came from.
+    #[error("the peer's RDMA GID {gid} does not carry its TLS address {address}: refusing to connect RDMA to another host")]
+    GidMismatch {
+        /// The GID the peer announced.
+        gid: crate::verbs::Gid,
+        /// The address of the TLS peer.
+        address: std::net::IpAddr,
+    },
+    /// The peer registered no buffer for RDMA WRITE (clients never do).
+    #[error("the peer accepts no RDMA WRITE")]
+    NoRemoteBuffer,
 }
 
-/// Sizes and timeouts of a session.
+/// Sizes, timeouts and what the peer may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionConfig {
-    /// Largest SEND or WRITE, in bytes (also the receive slot size).
+    /// Largest SEND or WRITE payload, in bytes.
     pub buffer_size: usize,
     /// Receive slots kept posted.
     pub recv_slots: usize,
     /// Timeout of each step (completions, control replies, confirmation).
     pub timeout: Duration,
+    /// Payloads are sealed ([`crate::protect`]): every buffer grows by
+    /// [`OVERHEAD`] bytes for the header and tag.
+    pub protected: bool,
+    /// Register a buffer the peer may RDMA WRITE into and give the QP remote
+    /// write access. Only the side that receives writes (the server) needs
+    /// it; the other side's memory then has no remote access at all.
+    pub accept_writes: bool,
+    /// When set, the peer's GID must carry this address (the TLS peer's):
+    /// see [`Gid::carries`](crate::verbs::Gid::carries).
+    pub peer_address: Option<std::net::IpAddr>,
 }
 
 impl SessionConfig {
-    /// Buffer size and receive slots as [`Session::establish`] uses them.
+    /// Bytes of one message slot (payload, plus header and tag when
+    /// protected) and receive slots, as [`Session::establish`] uses them.
     fn layout(&self) -> (usize, usize) {
-        (self.buffer_size.max(TOKEN_LEN), self.recv_slots.max(2))
+        let overhead = if self.protected { OVERHEAD } else { 0 };
+        (
+            self.buffer_size.saturating_add(overhead).max(TOKEN_LEN),
+            self.recv_slots.max(2),
+        )
     }
 
     /// Admits, against `quota`, every control-path call [`Session::establish`]
@@ -109,7 +147,11 @@ impl SessionConfig {
         for _ in 0..2 {
             held.push(quota.admit(Verb::CqCreate)?);
         }
-        for size in [bs, bs.saturating_mul(slots), bs] {
+        let data = self.accept_writes.then_some(bs);
+        for size in [Some(bs), Some(bs.saturating_mul(slots)), data]
+            .into_iter()
+            .flatten()
+        {
             held.push(quota.admit_mr(bytes(size))?);
         }
         Ok(SessionAdmission { _held: held })
@@ -129,6 +171,9 @@ impl Default for SessionConfig {
             buffer_size: 4096,
             recv_slots: 16,
             timeout: Duration::from_secs(5),
+            protected: true,
+            accept_writes: true,
+            peer_address: None,
         }
     }
 }
@@ -141,6 +186,23 @@ pub struct Tokens {
     pub mine: [u8; TOKEN_LEN],
     /// The one the peer must send.
     pub peer: [u8; TOKEN_LEN],
+}
+
+/// What only the two ends of the TLS session know: the confirmation tokens
+/// and, when payloads are protected, the keys.
+#[derive(Debug)]
+pub struct Secrets {
+    /// The tokens each side proves over RDMA first.
+    pub tokens: Tokens,
+    /// The payload keys ([`crate::tls::payload_protection`]); `None` sends
+    /// payloads in clear, which the peer must have agreed to.
+    pub protection: Option<Protection>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tokens(..)")
+    }
 }
 
 /// What was set on the QP and what the device reports back, for audits and
@@ -175,8 +237,13 @@ pub struct Session {
     qp: QueuePair<Rts>,
     send_mr: Arc<MemoryRegion>,
     recv_mr: Arc<MemoryRegion>,
-    data_mr: Arc<MemoryRegion>,
-    remote_buffer: RemoteBuffer,
+    data_mr: Option<Arc<MemoryRegion>>,
+    remote_buffer: Option<RemoteBuffer>,
+    protection: Option<Protection>,
+    /// Reused for sealing, so a protected send allocates nothing.
+    scratch: Vec<u8>,
+    /// Bytes of a message slot: payload plus overhead when protected.
+    slot_len: usize,
     config: SessionConfig,
     wiring: Wiring,
 }
@@ -203,19 +270,21 @@ impl Session {
     /// and connects and confirms them with the peer over `chan`.
     ///
     /// Both ends call it once admission is done (the peer runs the same
-    /// steps); `tokens` come from the TLS session
+    /// steps); the secrets come from the TLS session
     /// ([`crate::tls::confirmation_token`]).
     ///
     /// ```no_run
     /// use secure_rdma::handshake::Channel;
-    /// use secure_rdma::session::{Session, SessionConfig, Tokens};
+    /// use secure_rdma::session::{Secrets, Session, SessionConfig};
     /// use secure_rdma::verbs::Device;
     ///
-    /// # async fn demo(tls: tokio::net::TcpStream, tokens: Tokens) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn demo(tls: tokio::net::TcpStream, secrets: Secrets) -> Result<(), Box<dyn std::error::Error>> {
+    /// // `secrets`: the TLS session's confirmation tokens and payload keys
+    /// // (secure_rdma::tls::{confirmation_token, payload_protection}).
     /// let (device, sgid) = Device::open_for_address("10.77.0.1".parse()?)?;
     /// let mut chan = Channel::new(tls);
     /// let mut session =
-    ///     Session::establish(&mut chan, &device, sgid, tokens, SessionConfig::default()).await?;
+    ///     Session::establish(&mut chan, &device, sgid, secrets, SessionConfig::default()).await?;
     /// session.send(b"first message").await?;
     /// # Ok(()) }
     /// ```
@@ -223,9 +292,13 @@ impl Session {
         chan: &mut Channel<S>,
         device: &Arc<Device>,
         sgid: GidEntry,
-        tokens: Tokens,
+        secrets: Secrets,
         config: SessionConfig,
     ) -> Result<Session, SessionError> {
+        let Secrets { tokens, protection } = secrets;
+        if config.protected != protection.is_some() {
+            return Err(SessionError::ProtectionMismatch);
+        }
         let (bs, slots) = config.layout();
         let pd = device.alloc_pd()?;
         let depth = u32::try_from(slots * 2).unwrap_or(u32::MAX);
@@ -233,13 +306,18 @@ impl Session {
         let recv_cq = CompletionQueue::new(device, depth)?;
         let send_mr = MemoryRegion::new(&pd, bs, MrAccess::Local)?;
         let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
-        let data_mr = MemoryRegion::new(&pd, bs, MrAccess::RemoteWrite)?;
+        // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
+        // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
+        let data_mr = match config.accept_writes {
+            true => Some(MemoryRegion::new(&pd, bs, MrAccess::RemoteWrite)?),
+            false => None,
+        };
         let caps = QpCaps {
             max_send_wr: 16,
             max_recv_wr: depth,
         };
-        let mut qp =
-            QueuePair::create(&pd, &send_cq, &recv_cq, sgid.clone(), caps)?.into_init(true)?;
+        let mut qp = QueuePair::create(&pd, &send_cq, &recv_cq, sgid.clone(), caps)?
+            .into_init(config.accept_writes)?;
         for slot in 0..slots {
             qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
         }
@@ -250,7 +328,7 @@ impl Session {
             qpn: qp.qpn(),
             psn,
             mtu: device.active_mtu()?,
-            buffer: data_mr.remote(),
+            buffer: data_mr.as_ref().map(|mr| mr.remote()),
         };
         chan.send(&Message::Endpoint { endpoint: local }).await?;
         let remote = within(
@@ -259,6 +337,16 @@ impl Session {
             chan.expect_endpoint(),
         )
         .await?;
+        if let Some(address) = config.peer_address {
+            // RoCEv2 traffic comes from the GID's address: a peer announcing another host's GID
+            // would have us send to (and accept packets from) somebody else.
+            if !remote.gid.carries(address) {
+                return Err(SessionError::GidMismatch {
+                    gid: remote.gid,
+                    address,
+                });
+            }
+        }
 
         let qp = qp.into_rtr(RtrParams {
             remote_qpn: remote.qpn,
@@ -322,8 +410,10 @@ impl Session {
             recv_mr,
             data_mr,
             remote_buffer: remote.buffer,
+            protection,
+            scratch: Vec::with_capacity(bs),
+            slot_len: bs,
             config: SessionConfig {
-                buffer_size: bs,
                 recv_slots: slots,
                 ..config
             },
@@ -340,29 +430,55 @@ impl Session {
         &self.wiring
     }
 
-    /// Largest SEND or WRITE, in bytes (the smaller of both sides' buffers
-    /// for writes).
-    pub fn max_len(&self) -> usize {
-        self.config
-            .buffer_size
-            .min(usize::try_from(self.remote_buffer.len).unwrap_or(usize::MAX))
+    /// The cipher protecting payloads, `None` when they travel in clear.
+    pub fn cipher(&self) -> Option<crate::protect::Cipher> {
+        self.protection.as_ref().map(|p| p.sealer.cipher())
     }
 
-    fn stage(&self, data: &[u8]) -> Result<(), SessionError> {
-        if data.len() > self.max_len() {
+    /// Largest SEND payload, in bytes.
+    pub fn max_len(&self) -> usize {
+        self.config.buffer_size
+    }
+
+    /// Largest WRITE payload, in bytes: the smaller of ours and what the
+    /// peer's buffer holds (0 when the peer accepts no writes).
+    pub fn max_write_len(&self) -> usize {
+        let overhead = self.slot_len - self.config.buffer_size.min(self.slot_len);
+        let remote = self.remote_buffer.map_or(0, |b| {
+            usize::try_from(b.len)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(overhead)
+        });
+        self.config.buffer_size.min(remote)
+    }
+
+    /// Puts `data` into the send region as it goes on the wire (sealed when
+    /// protected); returns the wire length.
+    fn stage(&mut self, op: Op, data: &[u8], max: usize) -> Result<usize, SessionError> {
+        if data.len() > max {
             return Err(SessionError::TooLarge {
                 len: data.len(),
-                max: self.max_len(),
+                max,
             });
         }
-        self.send_mr.write(0, data)?;
-        Ok(())
+        match &mut self.protection {
+            None => {
+                self.send_mr.write(0, data)?;
+                Ok(data.len())
+            }
+            Some(p) => {
+                self.scratch.resize(data.len() + OVERHEAD, 0);
+                let n = p.sealer.seal(op, data, &mut self.scratch)?;
+                self.send_mr.write(0, &self.scratch[..n])?;
+                Ok(n)
+            }
+        }
     }
 
     /// RDMA SENDs `data` to the peer and waits for its completion.
     pub async fn send(&mut self, data: &[u8]) -> Result<(), SessionError> {
-        self.stage(data)?;
-        self.qp.post_send(SEND_WR, &self.send_mr, 0..data.len())?;
+        let n = self.stage(Op::Send, data, self.max_len())?;
+        self.qp.post_send(SEND_WR, &self.send_mr, 0..n)?;
         self.qp
             .send_cq()
             .next_ok("the SEND to complete", self.config.timeout)
@@ -370,17 +486,18 @@ impl Session {
         Ok(())
     }
 
-    /// RDMA WRITEs `data` into the peer's buffer at offset 0 with its length
-    /// as the immediate, so the peer learns the write landed and its size.
+    /// RDMA WRITEs `data` into the peer's buffer at offset 0 with its wire
+    /// length as the immediate, so the peer learns the write landed and its
+    /// size.
     pub async fn write(&mut self, data: &[u8]) -> Result<(), SessionError> {
-        self.stage(data)?;
-        let len = u32::try_from(data.len()).map_err(|_| SessionError::TooLarge {
+        let remote = self.remote_buffer.ok_or(SessionError::NoRemoteBuffer)?;
+        let n = self.stage(Op::Write, data, self.max_write_len())?;
+        let len = u32::try_from(n).map_err(|_| SessionError::TooLarge {
             len: data.len(),
-            max: self.max_len(),
+            max: self.max_write_len(),
         })?;
-        let remote = self.remote_buffer;
         self.qp
-            .post_write_imm(WRITE_WR, &self.send_mr, 0..data.len(), &remote, 0, len)?;
+            .post_write_imm(WRITE_WR, &self.send_mr, 0..n, &remote, 0, len)?;
         self.qp
             .send_cq()
             .next_ok("the RDMA WRITE to complete", self.config.timeout)
@@ -389,24 +506,49 @@ impl Session {
     }
 
     /// Waits (without timeout: the caller selects on it) for the next SEND or
-    /// WRITE the peer makes land, and re-posts its receive slot.
+    /// WRITE the peer makes land, verifies it when payloads are protected,
+    /// and re-posts its receive slot.
+    ///
+    /// A message that fails verification is [`SessionError::Auth`]: none of
+    /// it is returned, and the session must not be used any more (its QP has
+    /// consumed a PSN the peer never sent, so the peer's next message would
+    /// be dropped as a duplicate).
     pub async fn arrival(&mut self) -> Result<Arrival, SessionError> {
         let wc = self.qp.recv_cq().next_ok_unbounded().await?;
-        let bs = self.config.buffer_size;
+        let bs = self.slot_len;
         let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
         if slot >= self.config.recv_slots {
             return Err(VerbsError::UnknownReceive(wc.wr_id).into());
         }
-        let arrival = match wc.opcode {
-            WcOpcode::Recv => Arrival::Send(self.recv_mr.read(slot * bs, wc.byte_len as usize)?),
+        let (op, raw) = match wc.opcode {
+            WcOpcode::Recv => (Op::Send, self.recv_mr.read(slot * bs, wc.byte_len as usize)),
             WcOpcode::RecvRdmaWithImm => {
                 let len = wc.imm_data.unwrap_or(0) as usize;
-                Arrival::Write(self.data_mr.read(0, len)?)
+                match &self.data_mr {
+                    Some(mr) => (Op::Write, mr.read(0, len)),
+                    // We registered nothing for writes and gave the QP no remote write access:
+                    // the device should have refused this.
+                    None => return Err(VerbsError::UnexpectedCompletion(wc.opcode).into()),
+                }
             }
             other => return Err(VerbsError::UnexpectedCompletion(other).into()),
         };
+        // The slot is free again whatever the verdict: its bytes were copied out.
         self.qp
             .post_recv(slot as u64, &self.recv_mr, slot * bs..(slot + 1) * bs)?;
-        Ok(arrival)
+        let mut raw = raw?;
+        if let Some(p) = &mut self.protection {
+            let len = p
+                .opener
+                .open(op, &mut raw)
+                .map_err(SessionError::Auth)?
+                .len();
+            raw.drain(..HEADER_LEN);
+            raw.truncate(len);
+        }
+        Ok(match op {
+            Op::Send => Arrival::Send(raw),
+            Op::Write => Arrival::Write(raw),
+        })
     }
 }

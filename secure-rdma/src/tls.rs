@@ -199,3 +199,107 @@ pub fn confirmation_token<D>(
     conn.export_keying_material([0u8; TOKEN_LEN], EXPORTER_LABEL, Some(context))
         .map_err(TlsError::Config)
 }
+
+/// The payload keys of this TLS session for `cipher`, seen from `side`: the sealer uses the
+/// key of what `side` sends, the opener the key of what the peer sends. Both ends derive the
+/// same two keys from the session's exporter secret; nobody else can.
+pub fn payload_protection<D>(
+    conn: &rustls::ConnectionCommon<D>,
+    side: Side,
+    cipher: crate::protect::Cipher,
+) -> Result<crate::protect::Protection, TlsError> {
+    use crate::protect::{key_context, Opener, Protection, Sealer, KEY_LABEL, KEY_LEN};
+    let peer = match side {
+        Side::Server => Side::Client,
+        Side::Client => Side::Server,
+    };
+    let mine = conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side)))?;
+    let theirs = conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(peer)))?;
+    Ok(Protection {
+        sealer: Sealer::new(cipher, &mine),
+        opener: Opener::new(cipher, &theirs),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handshake::Op;
+    use crate::protect::{Cipher, Protection, OVERHEAD};
+    use rustls::pki_types::ServerName;
+
+    /// Two ends of a real mutually authenticated TLS 1.3 session over an in-memory pipe.
+    async fn session(
+        dir: &Path,
+    ) -> (
+        tokio_rustls::client::TlsStream<tokio::io::DuplexStream>,
+        tokio_rustls::server::TlsStream<tokio::io::DuplexStream>,
+    ) {
+        let (ca, server) = (crate::certs::ca_paths(dir), crate::certs::server_paths(dir));
+        let alice = crate::certs::client_paths(dir, "alice");
+        let sc = server_config(&ca.cert, &server.cert, &server.key).unwrap();
+        let cc = client_config(&ca.cert, &alice.cert, &alice.key).unwrap();
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let name = ServerName::try_from("localhost").unwrap();
+        let (c, s) = tokio::join!(
+            tokio_rustls::TlsConnector::from(cc).connect(name, a),
+            tokio_rustls::TlsAcceptor::from(sc).accept(b)
+        );
+        (c.unwrap(), s.unwrap())
+    }
+
+    fn seal(p: &mut Protection, msg: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; msg.len() + OVERHEAD];
+        let n = p.sealer.seal(Op::Send, msg, &mut out).unwrap();
+        out.truncate(n);
+        out
+    }
+
+    #[tokio::test]
+    async fn payload_keys_pair_up_differ_per_direction_and_per_session() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::certs::init(dir.path(), &["localhost".to_owned()]).unwrap();
+        crate::certs::issue_client(dir.path(), "alice").unwrap();
+        let cipher = Cipher::ChaCha20Poly1305;
+        let (c, s) = session(dir.path()).await;
+        let mut client = payload_protection(c.get_ref().1, Side::Client, cipher).unwrap();
+        let mut server = payload_protection(s.get_ref().1, Side::Server, cipher).unwrap();
+
+        // What the client seals, the server opens, and the reverse.
+        let mut to_server = seal(&mut client, b"up");
+        let mut to_client = seal(&mut server, b"down");
+        // Per direction: a client message cannot be reflected back to the client.
+        let mut reflected = to_server.clone();
+        assert!(client.opener.open(Op::Send, &mut reflected).is_err());
+        assert_eq!(server.opener.open(Op::Send, &mut to_server).unwrap(), b"up");
+        assert_eq!(
+            client.opener.open(Op::Send, &mut to_client).unwrap(),
+            b"down"
+        );
+
+        // Per session: a second session's keys open nothing of the first.
+        let (c2, s2) = session(dir.path()).await;
+        let mut client2 = payload_protection(c2.get_ref().1, Side::Client, cipher).unwrap();
+        let mut server2 = payload_protection(s2.get_ref().1, Side::Server, cipher).unwrap();
+        let mut from_first = seal(&mut client, b"old session");
+        assert!(server2.opener.open(Op::Send, &mut from_first).is_err());
+        let mut fresh = seal(&mut client2, b"new session");
+        assert_eq!(
+            server2.opener.open(Op::Send, &mut fresh).unwrap(),
+            b"new session"
+        );
+
+        // And they are not the confirmation tokens.
+        let token = confirmation_token(c.get_ref().1, Side::Client).unwrap();
+        let mine = c
+            .get_ref()
+            .1
+            .export_keying_material(
+                [0u8; 32],
+                crate::protect::KEY_LABEL,
+                Some(crate::protect::key_context(Side::Client)),
+            )
+            .unwrap();
+        assert_ne!(token, mine);
+    }
+}

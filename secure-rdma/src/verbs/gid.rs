@@ -39,6 +39,25 @@ impl Gid {
             None => IpAddr::V6(v6),
         }
     }
+
+    /// True when this RoCEv2 GID is `addr` (IPv4 addresses compare with
+    /// their IPv4-mapped form, in either spelling).
+    ///
+    /// ```
+    /// use secure_rdma::verbs::Gid;
+    ///
+    /// let gid: Gid = "::ffff:10.77.0.2".parse().unwrap();
+    /// assert!(gid.carries("10.77.0.2".parse().unwrap()));
+    /// assert!(gid.carries("::ffff:10.77.0.2".parse().unwrap()));
+    /// assert!(!gid.carries("10.77.0.1".parse().unwrap()));
+    /// ```
+    pub fn carries(&self, addr: IpAddr) -> bool {
+        let canonical = |ip: IpAddr| match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        canonical(self.ip()) == canonical(addr)
+    }
 }
 
 impl From<Ipv4Addr> for Gid {

@@ -10,9 +10,8 @@ use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use rdma_mummy_sys::{ibv_access_flags, ibv_dereg_mr, ibv_mr, ibv_reg_mr_iova2};
 use serde::{Deserialize, Serialize};
-use sideway::ibverbs::memory_region::MemoryRegion as SwMr;
-use sideway::ibverbs::AccessFlags;
 
 use super::device::ProtectionDomain;
 use super::VerbsError;
@@ -29,14 +28,34 @@ pub enum MrAccess {
 }
 
 impl MrAccess {
-    fn flags(self) -> AccessFlags {
+    fn flags(self) -> std::os::raw::c_uint {
+        let local = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        let write = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        let read = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
         match self {
-            MrAccess::Local => AccessFlags::LocalWrite,
-            MrAccess::RemoteWrite => AccessFlags::LocalWrite | AccessFlags::RemoteWrite,
-            MrAccess::RemoteReadWrite => {
-                AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead
-            }
+            MrAccess::Local => local,
+            MrAccess::RemoteWrite => local | write,
+            MrAccess::RemoteReadWrite => local | write | read,
         }
+    }
+
+    fn remote(self) -> bool {
+        !matches!(self, MrAccess::Local)
+    }
+}
+
+/// One `ibv_reg_mr_iova2` registration, deregistered on drop.
+///
+/// sideway's `reg_mr` registers at the buffer's virtual address, which would then be what the
+/// peer sees in every RETH: a heap address handed to the network (ReDMArk). Registering with an
+/// explicit IOVA makes remotely accessible regions zero-based.
+struct Registration(NonNull<ibv_mr>);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: registered in `MemoryRegion::new`, deregistered once, here; the QPs that may
+        // use it hold an Arc of the region, so none is left when this runs.
+        unsafe { ibv_dereg_mr(self.0.as_ptr()) };
     }
 }
 
@@ -94,9 +113,12 @@ impl Drop for Buffer {
 /// ```
 pub struct MemoryRegion {
     // Field order is drop order: deregister before the buffer is freed.
-    mr: Arc<SwMr>,
+    mr: Registration,
     buf: Buffer,
     len: usize,
+    /// The address work requests and the peer use for the first byte: 0 for
+    /// regions the peer can reach, the buffer's own address otherwise.
+    iova: u64,
     pd: Arc<ProtectionDomain>,
 }
 
@@ -132,14 +154,34 @@ impl MemoryRegion {
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })
             .ok_or(VerbsError::RegionAlloc(len))?;
         let buf = Buffer { ptr, layout };
-        // SAFETY: the buffer is valid for `len` bytes and lives in `Self`,
-        // which deregisters before freeing it.
-        let mr = unsafe { pd.pd.reg_mr(ptr.as_ptr() as usize, len, access.flags()) }
-            .map_err(|e| VerbsError::verb("ibv_reg_mr", pd.device.name(), e))?;
+        let iova = if access.remote() {
+            0
+        } else {
+            ptr.as_ptr() as u64
+        };
+        // SAFETY: the PD outlives the registration (we keep an Arc of it); the buffer is valid
+        // for `len` bytes and lives in `Self`, which deregisters before freeing it.
+        let raw = unsafe {
+            ibv_reg_mr_iova2(
+                pd.pd.pd().as_ptr(),
+                ptr.as_ptr().cast(),
+                len,
+                iova,
+                access.flags(),
+            )
+        };
+        let mr = NonNull::new(raw).map(Registration).ok_or_else(|| {
+            VerbsError::verb(
+                "ibv_reg_mr_iova2",
+                pd.device.name(),
+                std::io::Error::last_os_error(),
+            )
+        })?;
         Ok(Arc::new(MemoryRegion {
             mr,
             buf,
             len,
+            iova,
             pd: Arc::clone(pd),
         }))
     }
@@ -160,17 +202,21 @@ impl MemoryRegion {
 
     /// Local key, for work requests posted on this side.
     pub fn lkey(&self) -> u32 {
-        self.mr.lkey()
+        // SAFETY: the registration is valid while `self` lives.
+        unsafe { self.mr.0.as_ref().lkey }
     }
 
     /// Remote key, for the peer.
     pub fn rkey(&self) -> u32 {
-        self.mr.rkey()
+        // SAFETY: as above.
+        unsafe { self.mr.0.as_ref().rkey }
     }
 
-    /// Address of the first byte.
+    /// Address of the first byte as work requests and the peer name it:
+    /// 0 for a region the peer may access (zero-based), the buffer's
+    /// virtual address for a local one.
     pub fn addr(&self) -> u64 {
-        self.buf.ptr.as_ptr() as u64
+        self.iova
     }
 
     /// Address, rkey and size for the peer.

@@ -167,7 +167,7 @@ async fn run(args: Args) -> Result<()> {
         qpn: qp.qpn(),
         psn: announced,
         mtu: device.active_mtu()?,
-        buffer: data_mr.remote(),
+        buffer: Some(data_mr.remote()),
     };
     sock.send(&local).await?;
     let remote: Endpoint = sock.recv().await?;
@@ -218,10 +218,13 @@ async fn run(args: Args) -> Result<()> {
 
     match args.role {
         Role::Client => {
+            let Some(peer_buffer) = remote.buffer else {
+                bail!("the server announced no buffer to RDMA WRITE into");
+            };
             let data: Vec<u8> = (0..args.write_size).map(pattern).collect();
             data_mr.write(0, &data)?;
             let tail = args.write_size - MSG_LEN;
-            qp.post_write(20, &data_mr, 0..tail, &remote.buffer, 0)?;
+            qp.post_write(20, &data_mr, 0..tail, &peer_buffer, 0)?;
             send_cq
                 .next_ok("the RDMA WRITE to complete", timeout)
                 .await?;
@@ -229,7 +232,7 @@ async fn run(args: Args) -> Result<()> {
                 21,
                 &data_mr,
                 tail..args.write_size,
-                &remote.buffer,
+                &peer_buffer,
                 tail as u64,
                 IMM,
             )?;
