@@ -11,7 +11,7 @@ use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
 use secure_rdma::protect::Cipher;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
-use secure_rdma::server::{AuthFailures, ProtectionPolicy, Server, ServerConfig};
+use secure_rdma::server::{AuthFailures, Limits, ProtectionPolicy, Server, ServerConfig};
 use serde::Deserialize;
 
 #[cfg(feature = "telemetry")]
@@ -120,7 +120,27 @@ struct Opts {
     #[arg(long)]
     #[serde(default)]
     allow_gid_mismatch: bool,
-    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch)
+    /// Connections in TLS handshake or admission at once; more are closed at accept [default: 64]
+    #[arg(long, value_name = "N")]
+    max_pending: Option<usize>,
+    /// Of those, from one source address [default: 8]
+    #[arg(long, value_name = "N")]
+    max_pending_per_address: Option<usize>,
+    /// Seconds a client has for TLS, hello and RDMA setup [default: 10]
+    #[arg(long, value_name = "SECONDS")]
+    handshake_timeout: Option<u64>,
+    /// Seconds one write to a client may block (a client that stops reading is disconnected)
+    /// [default: 10]
+    #[arg(long, value_name = "SECONDS")]
+    write_timeout: Option<u64>,
+    /// Sessions one identity may hold at once; the next is refused with the reason [default: no
+    /// limit]
+    #[arg(long, value_name = "N")]
+    max_sessions_per_identity: Option<usize>,
+    /// End sessions older than this many seconds (clients reconnect) [default: no limit]
+    #[arg(long, value_name = "SECONDS")]
+    max_session_lifetime: Option<u64>,
+    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -275,6 +295,28 @@ async fn serve(flags: Opts) -> Result<()> {
         None => Opts::default(),
     };
     let protection = protection_policy(&flags, &file);
+    let defaults = Limits::default();
+    let limits = Limits {
+        max_pending: flags
+            .max_pending
+            .or(file.max_pending)
+            .unwrap_or(defaults.max_pending),
+        max_pending_per_address: flags
+            .max_pending_per_address
+            .or(file.max_pending_per_address)
+            .unwrap_or(defaults.max_pending_per_address),
+        write_timeout: flags
+            .write_timeout
+            .or(file.write_timeout)
+            .map_or(defaults.write_timeout, |s| Duration::from_secs(s.max(1))),
+        max_sessions_per_identity: flags
+            .max_sessions_per_identity
+            .or(file.max_sessions_per_identity),
+        max_session_lifetime: flags
+            .max_session_lifetime
+            .or(file.max_session_lifetime)
+            .map(|s| Duration::from_secs(s.max(1))),
+    };
     let allow_gid_mismatch = flags.allow_gid_mismatch || file.allow_gid_mismatch;
     let dir = flags
         .certs
@@ -309,7 +351,13 @@ async fn serve(flags: Opts) -> Result<()> {
         ca: ca.cert,
         cert: server.cert,
         key: server.key,
-        handshake_timeout: Duration::from_secs(10),
+        handshake_timeout: Duration::from_secs(
+            flags
+                .handshake_timeout
+                .or(file.handshake_timeout)
+                .unwrap_or(10)
+                .max(1),
+        ),
         idle_timeout: Duration::from_secs(flags.idle_timeout.or(file.idle_timeout).unwrap_or(300)),
         quotas: quotas(
             flags.quota.or(file.quota),
@@ -317,6 +365,7 @@ async fn serve(flags: Opts) -> Result<()> {
         )?,
         protection,
         allow_gid_mismatch,
+        limits,
         auth_failures: AuthFailures::default(),
     };
     if config.protection.ciphers.is_empty() {

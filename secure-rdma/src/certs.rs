@@ -1,13 +1,18 @@
 //! A small private PKI for a deployment: one CA, a server certificate, and a
 //! certificate per client whose name is the client's identity (its tenant).
 //!
-//! Layout of a certificate directory:
+//! Layout of the server's certificate directory (`--certs`, `certs`):
 //!
 //! | file | what |
 //! |---|---|
-//! | `ca.pem`, `ca.key` | the CA certificate and its key |
+//! | `ca.pem` | the CA certificate (public: clients are verified against it) |
 //! | `server.pem`, `server.key` | the server certificate (SANs: names and addresses) |
 //! | `NAME.pem`, `NAME.key` | the client certificate of `NAME` |
+//! | `crl.pem` | revoked client certificates (`certs revoke`), checked at every handshake |
+//!
+//! The CA key lives apart, in the CA directory (`--ca-dir`, by default the sibling
+//! `<certs>-ca`, mode 0700): whoever can read it can mint any identity, and the server never
+//! needs it. [`init`] (used by tests and demos) keeps everything in one directory.
 //!
 //! Keys are written with mode 0600 and never overwritten by accident.
 
@@ -38,7 +43,7 @@ pub enum CertError {
     #[error("{0} already exists; remove it first or use another --dir")]
     Exists(PathBuf),
     /// The CA is missing (run `certs init` first).
-    #[error("no CA in {0}: run `secure-server certs init --dir {0}` first")]
+    #[error("no CA key in {0}: run `secure-server certs init` first, or pass the CA directory with --ca-dir")]
     NoCa(PathBuf),
     /// A client name cannot be used as a file name and identity.
     #[error("invalid client name {0:?}: use 1-64 characters from a-z, A-Z, 0-9, '-', '_', '.' (not starting with '.')")]
@@ -46,6 +51,17 @@ pub enum CertError {
     /// rcgen failed.
     #[error("certificate generation failed: {0}")]
     Rcgen(#[from] rcgen::Error),
+    /// `certs revoke` for a client that has no certificate here.
+    #[error("{0} does not exist: no client certificate of that name to revoke")]
+    NotIssued(PathBuf),
+    /// A certificate or CRL that does not parse.
+    #[error("{path}: not a valid {what}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What it should have been.
+        what: &'static str,
+    },
 }
 
 /// Names that may not be used for a client: they would overwrite the CA or
@@ -180,10 +196,43 @@ pub struct Created {
 /// assert!(made.ca.cert.exists() && made.server.key.exists());
 /// ```
 pub fn init(dir: &Path, sans: &[String]) -> Result<Created, CertError> {
+    init_with_ca_dir(dir, dir, sans)
+}
+
+/// The CA directory of certificate directory `dir` unless told otherwise: its sibling
+/// `<dir>-ca` (`certs` → `certs-ca`).
+pub fn default_ca_dir(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "certs".to_owned());
+    dir.with_file_name(format!("{name}-ca"))
+}
+
+/// Like [`init`], but the CA certificate and key go to `ca_dir` (created mode 0700) and only
+/// the CA certificate is copied into `dir`: the server's directory never holds the CA key.
+///
+/// ```
+/// let root = tempfile::tempdir().unwrap();
+/// let (dir, ca_dir) = (root.path().join("certs"), root.path().join("certs-ca"));
+/// secure_rdma::certs::init_with_ca_dir(&dir, &ca_dir, &["localhost".into()]).unwrap();
+/// assert!(ca_dir.join("ca.key").exists() && !dir.join("ca.key").exists());
+/// assert!(dir.join("ca.pem").exists() && dir.join("server.key").exists());
+/// ```
+pub fn init_with_ca_dir(dir: &Path, ca_dir: &Path, sans: &[String]) -> Result<Created, CertError> {
+    use std::os::unix::fs::DirBuilderExt;
     fs::create_dir_all(dir).map_err(io(dir))?;
-    let ca = ca_paths(dir);
+    if !ca_dir.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(ca_dir)
+            .map_err(io(ca_dir))?;
+    }
+    let ca = ca_paths(ca_dir);
     let server = server_paths(dir);
-    for p in [&ca.cert, &ca.key, &server.cert, &server.key] {
+    let public_ca = ca_paths(dir).cert;
+    for p in [&ca.cert, &ca.key, &server.cert, &server.key, &public_ca] {
         if p.exists() {
             return Err(CertError::Exists(p.clone()));
         }
@@ -212,6 +261,9 @@ pub fn init(dir: &Path, sans: &[String]) -> Result<Created, CertError> {
     .signed_by(&server_key, &issuer)?;
 
     write_pair(&ca, &ca_cert.pem(), &ca_key)?;
+    if public_ca != ca.cert {
+        write_new(&public_ca, &ca_cert.pem(), 0o644)?;
+    }
     write_pair(&server, &server_cert.pem(), &server_key)?;
     Ok(Created {
         ca,
@@ -223,14 +275,24 @@ pub fn init(dir: &Path, sans: &[String]) -> Result<Created, CertError> {
 /// Issues a client certificate for `name` (its identity) signed by the CA in
 /// `dir`.
 pub fn issue_client(dir: &Path, name: &str) -> Result<Pair, CertError> {
-    validate_name(name)?;
-    let ca = ca_paths(dir);
+    issue_client_from(dir, dir, name)
+}
+
+/// The CA key and certificate of `ca_dir`.
+fn load_ca(ca_dir: &Path) -> Result<(String, KeyPair), CertError> {
+    let ca = ca_paths(ca_dir);
     if !ca.cert.exists() || !ca.key.exists() {
-        return Err(CertError::NoCa(dir.to_owned()));
+        return Err(CertError::NoCa(ca_dir.to_owned()));
     }
     let ca_key_pem = fs::read_to_string(&ca.key).map_err(io(&ca.key))?;
     let ca_cert_pem = fs::read_to_string(&ca.cert).map_err(io(&ca.cert))?;
-    let ca_key = KeyPair::from_pem(&ca_key_pem)?;
+    Ok((ca_cert_pem, KeyPair::from_pem(&ca_key_pem)?))
+}
+
+/// Issues a client certificate for `name` signed by the CA in `ca_dir`, written to `dir`.
+pub fn issue_client_from(ca_dir: &Path, dir: &Path, name: &str) -> Result<Pair, CertError> {
+    validate_name(name)?;
+    let (ca_cert_pem, ca_key) = load_ca(ca_dir)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_cert_pem, &ca_key)?;
     let key = KeyPair::generate()?;
     let cert = leaf_params(name, vec![san(name)?], ExtendedKeyUsagePurpose::ClientAuth)
@@ -238,6 +300,107 @@ pub fn issue_client(dir: &Path, name: &str) -> Result<Pair, CertError> {
     let pair = client_paths(dir, name);
     write_pair(&pair, &cert.pem(), &key)?;
     Ok(pair)
+}
+
+/// Where the server reads revoked certificates: `dir/crl.pem`.
+pub fn crl_path(dir: &Path) -> PathBuf {
+    dir.join("crl.pem")
+}
+
+/// What [`revoke`] did.
+#[derive(Debug)]
+pub struct Revoked {
+    /// The CRL written.
+    pub crl: PathBuf,
+    /// Certificates it lists, this one included.
+    pub count: usize,
+}
+
+fn parse_err(path: &Path, what: &'static str) -> CertError {
+    CertError::Parse {
+        path: path.to_owned(),
+        what,
+    }
+}
+
+/// Revokes client `name`: adds its certificate's serial to `dir/crl.pem`, signed by the CA in
+/// `ca_dir` (a new CRL that keeps every earlier revocation). The server checks the CRL at every
+/// handshake, so the client is refused from its next connection on, without a restart.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// secure_rdma::certs::init(dir.path(), &["localhost".into()]).unwrap();
+/// secure_rdma::certs::issue_client(dir.path(), "bob").unwrap();
+/// let r = secure_rdma::certs::revoke(dir.path(), dir.path(), "bob").unwrap();
+/// assert_eq!(r.count, 1);
+/// ```
+pub fn revoke(ca_dir: &Path, dir: &Path, name: &str) -> Result<Revoked, CertError> {
+    use rcgen::{
+        CertificateRevocationListParams, KeyIdMethod, RevocationReason, RevokedCertParams,
+        SerialNumber,
+    };
+    validate_name(name)?;
+    let cert_path = client_paths(dir, name).cert;
+    if !cert_path.exists() {
+        return Err(CertError::NotIssued(cert_path));
+    }
+    let pem = fs::read(&cert_path).map_err(io(&cert_path))?;
+    let (_, parsed) =
+        x509_parser::pem::parse_x509_pem(&pem).map_err(|_| parse_err(&cert_path, "certificate"))?;
+    let cert = parsed
+        .parse_x509()
+        .map_err(|_| parse_err(&cert_path, "certificate"))?;
+    let serial = cert.raw_serial().to_vec();
+
+    let crl = crl_path(dir);
+    let now = OffsetDateTime::now_utc();
+    let mut revoked: Vec<RevokedCertParams> = Vec::new();
+    if crl.exists() {
+        let pem = fs::read(&crl).map_err(io(&crl))?;
+        let (_, parsed) =
+            x509_parser::pem::parse_x509_pem(&pem).map_err(|_| parse_err(&crl, "CRL"))?;
+        let (_, old) = x509_parser::parse_x509_crl(&parsed.contents)
+            .map_err(|_| parse_err(&crl, "CRL"))?;
+        for r in old.iter_revoked_certificates() {
+            revoked.push(RevokedCertParams {
+                serial_number: SerialNumber::from_slice(r.raw_serial()),
+                revocation_time: OffsetDateTime::from_unix_timestamp(
+                    r.revocation_date.timestamp(),
+                )
+                .unwrap_or(now),
+                reason_code: Some(RevocationReason::CessationOfOperation),
+                invalidity_date: None,
+            });
+        }
+    }
+    let serial_number = SerialNumber::from_slice(&serial);
+    if !revoked.iter().any(|r| r.serial_number == serial_number) {
+        revoked.push(RevokedCertParams {
+            serial_number,
+            revocation_time: now,
+            reason_code: Some(RevocationReason::CessationOfOperation),
+            invalidity_date: None,
+        });
+    }
+    let (ca_cert_pem, ca_key) = load_ca(ca_dir)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_cert_pem, &ca_key)?;
+    let count = revoked.len();
+    let params = CertificateRevocationListParams {
+        this_update: now - Duration::minutes(5),
+        next_update: now + Duration::days(365),
+        // Seconds since the epoch: increases with every CRL this CA issues.
+        crl_number: SerialNumber::from(u64::try_from(now.unix_timestamp()).unwrap_or(0)),
+        issuing_distribution_point: None,
+        revoked_certs: revoked,
+        key_identifier_method: KeyIdMethod::Sha256,
+    };
+    let signed = params.signed_by(&issuer)?;
+    // Replace atomically: the server may read it at any moment.
+    let tmp = dir.join(".crl.pem.tmp");
+    let _ = fs::remove_file(&tmp);
+    write_new(&tmp, &signed.pem()?, 0o644)?;
+    fs::rename(&tmp, &crl).map_err(io(&crl))?;
+    Ok(Revoked { crl, count })
 }
 
 /// Default SANs of a server certificate: `localhost`, the loopback

@@ -457,6 +457,14 @@ impl Client {
         &self.session
     }
 
+    /// The session itself, to post RDMA operations without waiting for the
+    /// server's acknowledgement of each (pipelining, benchmarks, and tests
+    /// of clients that misbehave). The server still acknowledges every
+    /// operation over TLS; unread acknowledgements queue up in the socket.
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
     async fn ack(&mut self, op: Op) -> Result<Ack, ClientError> {
         let ack = tokio::time::timeout(self.timeout, self.chan.expect_ack())
             .await

@@ -166,6 +166,16 @@ pub enum RejectReason {
         /// What is missing.
         detail: String,
     },
+    /// The identity already holds as many sessions as the server allows one
+    /// identity.
+    IdentityLimit {
+        /// The identity.
+        identity: String,
+        /// Its live sessions.
+        active: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The server's policy refuses what the client asked for (e.g. a
     /// session without payload protection).
     Policy {
@@ -186,6 +196,14 @@ impl std::fmt::Display for RejectReason {
             RejectReason::ShuttingDown => f.write_str("server is shutting down"),
             RejectReason::Unavailable { detail } => write!(f, "server cannot serve RDMA: {detail}"),
             RejectReason::Policy { detail } => write!(f, "refused by server policy: {detail}"),
+            RejectReason::IdentityLimit {
+                identity,
+                active,
+                max,
+            } => write!(
+                f,
+                "identity {identity} already has {active} sessions (the server allows {max} per identity)"
+            ),
         }
     }
 }
@@ -217,6 +235,12 @@ pub enum AbortReason {
     /// replayed or corrupted. Its QP accepted a packet the peer never sent,
     /// so the session cannot go on; the client may reconnect.
     AuthenticationFailed,
+    /// The session reached the server's maximum lifetime; the client may
+    /// reconnect.
+    Lifetime {
+        /// The limit, in seconds.
+        seconds: u64,
+    },
 }
 
 impl std::fmt::Display for AbortReason {
@@ -225,6 +249,10 @@ impl std::fmt::Display for AbortReason {
             AbortReason::AuthenticationFailed => f.write_str(
                 "an RDMA message failed authentication (forged, replayed or corrupted); \
                  the session was torn down",
+            ),
+            AbortReason::Lifetime { seconds } => write!(
+                f,
+                "the session reached the server's maximum lifetime of {seconds} s; reconnect"
             ),
         }
     }

@@ -21,6 +21,7 @@
 //! - [`server`]: the multi-client server: admission, then one session per
 //!   client.
 //! - [`client`]: the client: connect, `send`, `write`, `quit`.
+//! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
 //! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
 //!
 //! The library emits `tracing` events and never installs a subscriber: the
@@ -34,6 +35,7 @@ pub mod handshake;
 pub mod protect;
 pub mod psn;
 pub use rdma_quota as quota;
+pub mod ratelimit;
 pub mod server;
 pub mod session;
 pub mod tls;

@@ -25,6 +25,7 @@ use crate::handshake::{
 };
 use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
+use crate::ratelimit::LogLimiter;
 use crate::session::{
     Arrival, Secrets, Session, SessionAdmission, SessionConfig, SessionError, Tokens,
 };
@@ -67,6 +68,41 @@ pub struct ServerConfig {
     /// Counts of messages that failed authentication, per identity. Keep a
     /// clone to read them (telemetry, metrics).
     pub auth_failures: AuthFailures,
+    /// Limits that keep one peer from taking the server down.
+    pub limits: Limits,
+}
+
+/// What one peer may hold: connections before TLS completes, sessions per
+/// identity, time per write and per session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections in TLS handshake or admission at once; more are closed at
+    /// accept. Bounds the memory and descriptors idle or slow peers can pin.
+    pub max_pending: usize,
+    /// Of those, from one source address.
+    pub max_pending_per_address: usize,
+    /// Longest wait for one write to a client's TLS socket: a client that
+    /// stops reading is disconnected instead of pinning its task.
+    pub write_timeout: Duration,
+    /// Sessions one identity may hold at once; `None` for no limit.
+    pub max_sessions_per_identity: Option<usize>,
+    /// Sessions older than this are ended (the client may reconnect);
+    /// `None` for no limit.
+    pub max_session_lifetime: Option<Duration>,
+}
+
+impl Default for Limits {
+    /// 64 pending connections, 8 per address, 10-second writes, no
+    /// per-identity or lifetime limit.
+    fn default() -> Self {
+        Limits {
+            max_pending: 64,
+            max_pending_per_address: 8,
+            write_timeout: Duration::from_secs(10),
+            max_sessions_per_identity: None,
+            max_session_lifetime: None,
+        }
+    }
 }
 
 /// The server's payload-protection policy.
@@ -230,6 +266,11 @@ struct Shared {
     acceptor: TlsAcceptor,
     devices: Devices,
     slots: Arc<Semaphore>,
+    /// Connections not yet admitted, in all and per source address.
+    pending: Arc<Semaphore>,
+    pending_by_address: Mutex<HashMap<IpAddr, usize>>,
+    /// Live sessions per identity.
+    sessions_by_identity: Mutex<HashMap<String, usize>>,
     /// This process's cgroup v2 id (0 if unknown), for quota registrations.
     cgroup_id: u64,
 }
@@ -273,6 +314,7 @@ impl Server {
     ///     protection: Default::default(), // AEAD on every payload, unprotected clients refused
     ///     allow_gid_mismatch: false,
     ///     auth_failures: Default::default(),
+    ///     limits: Default::default(),
     /// })
     /// .await?;
     /// println!("listening on {}", server.local_addr()?);
@@ -303,8 +345,21 @@ impl Server {
                     addr: config.listen,
                     source,
                 })?;
+        if config.limits.max_pending == 0 || config.limits.max_pending_per_address == 0 {
+            return Err(ServerError::Config(
+                "--max-pending and --max-pending-per-address must be at least 1".into(),
+            ));
+        }
+        if config.limits.max_sessions_per_identity == Some(0) {
+            return Err(ServerError::Config(
+                "--max-sessions-per-identity must be at least 1".into(),
+            ));
+        }
         let shared = Shared {
             slots: Arc::new(Semaphore::new(config.max_clients)),
+            pending: Arc::new(Semaphore::new(config.limits.max_pending)),
+            pending_by_address: Mutex::new(HashMap::new()),
+            sessions_by_identity: Mutex::new(HashMap::new()),
             cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
             devices: Devices {
                 fixed,
@@ -347,16 +402,46 @@ impl Server {
             rejected: 0,
         };
         tokio::pin!(shutdown);
+        // accept() fails with EMFILE/ENFILE while descriptors are exhausted, and fails again at
+        // once: without a pause the loop spins and logs millions of lines. Back off (10 ms
+        // doubling to 1 s) and rate-limit the warnings.
+        const MIN_PAUSE: Duration = Duration::from_millis(10);
+        let mut pause_for = MIN_PAUSE;
+        let pause = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(pause);
+        let mut paused = false;
+        let mut accept_log = LogLimiter::new(5, Duration::from_secs(1));
+        let mut refused_log = LogLimiter::new(5, Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
-                accepted = self.listener.accept() => match accepted {
+                _ = &mut pause, if paused => paused = false,
+                accepted = self.listener.accept(), if !paused => match accepted {
                     Ok((conn, peer)) => {
-                        let shared = Arc::clone(&self.shared);
-                        let stop = stop_rx.clone();
-                        tasks.spawn(serve(conn, peer, shared, stop));
+                        pause_for = MIN_PAUSE;
+                        match Pending::take(&self.shared, peer.ip()) {
+                            Ok(pending) => {
+                                let shared = Arc::clone(&self.shared);
+                                let stop = stop_rx.clone();
+                                tasks.spawn(serve(conn, peer, shared, stop, pending));
+                            }
+                            Err(why) => {
+                                // Closed before TLS: it costs nothing but this descriptor, now freed.
+                                drop(conn);
+                                if let Some(suppressed) = refused_log.check() {
+                                    tracing::warn!(%peer, suppressed, "connection closed at accept: {why}");
+                                }
+                            }
+                        }
                     }
-                    Err(e) => tracing::warn!(error = %e, "accept failed"),
+                    Err(e) => {
+                        if let Some(suppressed) = accept_log.check() {
+                            tracing::warn!(error = %e, suppressed, retry_in_ms = pause_for.as_millis() as u64, "accept failed; pausing accepts");
+                        }
+                        pause.as_mut().reset(tokio::time::Instant::now() + pause_for);
+                        paused = true;
+                        pause_for = (pause_for * 2).min(Duration::from_secs(1));
+                    }
                 },
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                     tally(&mut summary, done);
@@ -407,11 +492,110 @@ pub fn render(bytes: &[u8]) -> String {
     }
 }
 
+/// A connection that is not admitted yet: counted against the pending limits until dropped.
+struct Pending {
+    _permit: OwnedSemaphorePermit,
+    address: IpAddr,
+    shared: Arc<Shared>,
+}
+
+impl Pending {
+    /// Counts a new connection from `address`, or says which limit it would exceed.
+    fn take(shared: &Arc<Shared>, address: IpAddr) -> Result<Pending, String> {
+        let limits = &shared.config.limits;
+        let Ok(permit) = Arc::clone(&shared.pending).try_acquire_owned() else {
+            return Err(format!(
+                "{} connections already in TLS handshake or admission (--max-pending)",
+                limits.max_pending
+            ));
+        };
+        let mut by = shared
+            .pending_by_address
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = by.entry(address).or_insert(0);
+        if *n >= limits.max_pending_per_address {
+            return Err(format!(
+                "{address} already has {n} connections in TLS handshake or admission (--max-pending-per-address)"
+            ));
+        }
+        *n += 1;
+        Ok(Pending {
+            _permit: permit,
+            address,
+            shared: Arc::clone(shared),
+        })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut by = self
+            .shared
+            .pending_by_address
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = by.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// One live session of an identity, counted until dropped.
+struct IdentitySession {
+    identity: String,
+    shared: Arc<Shared>,
+}
+
+impl IdentitySession {
+    fn take(shared: &Arc<Shared>, identity: &str) -> Result<IdentitySession, RejectReason> {
+        let mut by = shared
+            .sessions_by_identity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = by.entry(identity.to_owned()).or_insert(0);
+        if let Some(max) = shared.config.limits.max_sessions_per_identity {
+            if *n >= max {
+                return Err(RejectReason::IdentityLimit {
+                    identity: identity.to_owned(),
+                    active: *n,
+                    max,
+                });
+            }
+        }
+        *n += 1;
+        Ok(IdentitySession {
+            identity: identity.to_owned(),
+            shared: Arc::clone(shared),
+        })
+    }
+}
+
+impl Drop for IdentitySession {
+    fn drop(&mut self) {
+        let mut by = self
+            .shared
+            .sessions_by_identity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = by.get_mut(&self.identity) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.identity);
+            }
+        }
+    }
+}
+
 async fn serve(
     conn: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
+    pending: Pending,
 ) -> Outcome {
     let cfg = &shared.config;
     let local_ip = match conn.local_addr() {
@@ -460,7 +644,10 @@ async fn serve(
     // span happens to be current on the accepting thread.
     let span = tracing::info_span!(parent: None, "client", id = %identity, %peer);
     async move {
-        match admit(chan, identity, local_ip, peer.ip(), tokens, &shared, &stop).await {
+        let admitted = admit(chan, identity, local_ip, peer.ip(), tokens, &shared, &stop).await;
+        // Admitted or not, this connection is no longer pending.
+        drop(pending);
+        match admitted {
             Ok(admitted) => serve_session(admitted, &shared, stop).await,
             Err(outcome) => outcome,
         }
@@ -477,6 +664,7 @@ type ServerChannel = Channel<tokio_rustls::server::TlsStream<TcpStream>>;
 /// leave finds room as soon as its kernel objects are gone.
 struct Held {
     _quota: Option<(SessionAdmission, TenantQuota)>,
+    _identity: IdentitySession,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -503,7 +691,7 @@ async fn admit(
     local_ip: IpAddr,
     peer_ip: IpAddr,
     tokens: Tokens,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     stop: &watch::Receiver<bool>,
 ) -> Result<Admitted, Outcome> {
     let cfg = &shared.config;
@@ -541,6 +729,11 @@ async fn admit(
                 return Err(Outcome::Failed);
             }
         },
+    };
+    // One identity cannot hold every slot.
+    let identity_session = match IdentitySession::take(shared, &identity) {
+        Ok(s) => s,
+        Err(reason) => return Err(reject(&mut chan, reason).await),
     };
     // A client slot before any RDMA resource exists.
     let Ok(slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
@@ -607,6 +800,7 @@ async fn admit(
         session_cfg,
         held: Held {
             _quota: quota,
+            _identity: identity_session,
             _slot: slot,
         },
     })
@@ -662,12 +856,20 @@ async fn serve_session(
         "client connected"
     );
 
+    let limits = cfg.limits;
+    // A goodbye is a courtesy: never worth more than a short wait on a peer that stopped reading.
+    let courtesy = limits.write_timeout.min(Duration::from_secs(2));
+    let lifetime = tokio::time::sleep(limits.max_session_lifetime.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(lifetime);
+    // At info, a bounded preview of what arrived, at most 20 lines at once and 10 a second per
+    // client: one client cannot flood the log (the full content is at debug).
+    let mut content_log = LogLimiter::new(20, Duration::from_millis(100));
     let mut seq = 0u64;
     let reason = loop {
         tokio::select! {
             request = chan.expect_client_request() => match request {
                 Ok(ClientRequest::Bye) => {
-                    let _ = chan.send(&Message::Bye).await;
+                    let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                     break "client quit".to_owned();
                 }
                 Err(e @ HandshakeError::Unexpected { .. }) => break e.to_string(),
@@ -688,41 +890,107 @@ async fn serve_session(
                             failures = cfg.auth_failures.total(),
                             "RDMA message failed authentication (forged, replayed or corrupted); tearing the session down"
                         );
-                        let reason = AbortReason::AuthenticationFailed;
-                        let _ = tokio::time::timeout(
-                            cfg.idle_timeout.min(std::time::Duration::from_secs(5)),
-                            chan.send(&Message::Abort { reason }),
-                        )
-                        .await;
+                        let abort = Message::Abort { reason: AbortReason::AuthenticationFailed };
+                        let _ = send_within(&mut chan, &abort, courtesy).await;
                         break "RDMA message failed authentication".to_owned();
                     }
                     Err(e) => break format!("RDMA error: {e}"),
                 };
                 seq += 1;
-                match op {
-                    Op::Send => tracing::info!(client = %identity, seq, bytes = data.len(), content = %render(&data), "SEND received"),
-                    Op::Write => tracing::info!(client = %identity, seq, bytes = data.len(), content = %render(&data), "WRITE landed"),
-                }
+                log_arrival(&identity, op, seq, &data, &mut content_log);
                 let ack = Message::Ack { op, seq, bytes: data.len() as u32 };
-                if let Err(e) = chan.send(&ack).await {
-                    break format!("disconnected: {e}");
+                // Bounded, and shutdown wins even while a client that stopped reading blocks
+                // the write.
+                let sent = tokio::select! {
+                    sent = send_within(&mut chan, &ack, limits.write_timeout) => sent,
+                    _ = stop.changed() => Err("server shutdown".to_owned()),
+                };
+                if let Err(reason) = sent {
+                    break reason;
                 }
             }
             _ = stop.changed() => {
-                let _ = chan.send(&Message::Bye).await;
+                let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                 break "server shutdown".to_owned();
             }
             _ = tokio::time::sleep(cfg.idle_timeout) => {
-                let _ = chan.send(&Message::Bye).await;
+                let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                 break format!("idle for {:?}", cfg.idle_timeout);
+            }
+            _ = &mut lifetime, if limits.max_session_lifetime.is_some() => {
+                let max = limits.max_session_lifetime.unwrap_or_default();
+                let abort = Message::Abort { reason: AbortReason::Lifetime { seconds: max.as_secs() } };
+                let _ = send_within(&mut chan, &abort, courtesy).await;
+                break format!("session lifetime {max:?} reached");
             }
         }
     };
     drop(session);
     drop(held);
-    chan.close().await;
-    tracing::info!(client = %identity, %reason, operations = seq, "client gone; its PD, CQs, MRs and QP are freed");
+    let _ = tokio::time::timeout(courtesy, chan.close()).await;
+    tracing::info!(
+        client = %identity,
+        %reason,
+        operations = seq,
+        unlogged = content_log.suppressed(),
+        "client gone; its PD, CQs, MRs and QP are freed"
+    );
     Outcome::Served
+}
+
+/// Writes one message to a client, or says why it could not within `limit`.
+async fn send_within(
+    chan: &mut ServerChannel,
+    msg: &Message,
+    limit: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(limit, chan.send(msg)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("disconnected: {e}")),
+        Err(_) => Err(format!(
+            "the client did not read its TLS socket for {limit:?}; disconnected"
+        )),
+    }
+}
+
+/// Bytes of received content shown at info level.
+const PREVIEW_BYTES: usize = 64;
+
+fn log_arrival(identity: &str, op: Op, seq: u64, data: &[u8], limit: &mut LogLimiter) {
+    let what = match op {
+        Op::Send => "SEND received",
+        Op::Write => "WRITE landed",
+    };
+    tracing::debug!(client = %identity, seq, bytes = data.len(), content = %render(data), "{what} (full content)");
+    if let Some(suppressed) = limit.check() {
+        let content = preview(data, PREVIEW_BYTES);
+        match op {
+            Op::Send => {
+                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, "SEND received")
+            }
+            Op::Write => {
+                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, "WRITE landed")
+            }
+        }
+    }
+}
+
+/// [`render`] of at most `max` bytes, saying how many more there were.
+pub fn preview(bytes: &[u8], max: usize) -> String {
+    if bytes.len() <= max {
+        return render(bytes);
+    }
+    // Cut text at a character boundary so a preview of text stays text.
+    let cut = match std::str::from_utf8(bytes) {
+        Ok(s) => s
+            .char_indices()
+            .map(|(i, _)| i)
+            .take_while(|&i| i <= max)
+            .last()
+            .unwrap_or(0),
+        Err(_) => max,
+    };
+    format!("{}… (+{} bytes)", render(&bytes[..cut]), bytes.len() - cut)
 }
 
 async fn reject<S>(chan: &mut Channel<S>, reason: RejectReason) -> Outcome
@@ -730,14 +998,28 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     tracing::warn!(%reason, "client rejected");
-    let _ = chan.send(&Message::Reject { reason }).await;
-    chan.close().await;
+    // Bounded: a refused client that does not read must not keep its task.
+    let courtesy = Duration::from_secs(2);
+    let _ = tokio::time::timeout(courtesy, chan.send(&Message::Reject { reason })).await;
+    let _ = tokio::time::timeout(courtesy, chan.close()).await;
     Outcome::Rejected
 }
 
 #[cfg(test)]
 mod tests {
-    use super::render;
+    use super::{preview, render};
+
+    #[test]
+    fn previews_are_bounded_and_say_what_was_cut() {
+        assert_eq!(preview(b"short", 64), "\"short\"");
+        let long = "é".repeat(100); // 200 bytes
+        let p = preview(long.as_bytes(), 64);
+        assert!(p.starts_with("\"éé"), "{p}");
+        assert!(p.ends_with("… (+136 bytes)"), "{p}");
+        let bin = vec![0u8; 1000];
+        let p = preview(&bin, 8);
+        assert_eq!(p, "hex:0000000000000000… (+992 bytes)");
+    }
 
     #[test]
     fn protection_policy_picks_a_common_cipher_or_says_why_not() {

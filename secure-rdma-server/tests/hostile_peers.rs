@@ -1,0 +1,239 @@
+//! Hostile peers against a real `secure-server`, on the host: everything here happens before
+//! any RDMA resource exists, so no RDMA device is needed. A client that gets through is
+//! answered "server cannot serve RDMA" on the host, which is exactly the proof that it was
+//! served (TLS, identity, hello, admission) despite the attack.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use secure_rdma::client::{Client, ClientConfig, ClientError};
+
+struct Server {
+    child: Child,
+    port: u16,
+    log_bytes: Arc<AtomicUsize>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts secure-server on 127.0.0.1 with `args`, its descriptor limit set to `nofile`.
+    fn start(certs: &Path, nofile: u64, args: &[&str]) -> Server {
+        // SECURE_SERVER_BIN runs another build (e.g. one without the fixes, to see these tests
+        // fail against it).
+        let bin = std::env::var("SECURE_SERVER_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_secure-server").to_owned());
+        let mut cmd = Command::new(bin);
+        cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json", "--certs"])
+            .arg(certs)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: nofile,
+                    rlim_max: nofile,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn secure-server");
+        let stderr = child.stderr.take().expect("stderr");
+        let log_bytes = Arc::new(AtomicUsize::new(0));
+        let (tx, lines) = mpsc::channel();
+        let counted = Arc::clone(&log_bytes);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                counted.fetch_add(line.len() + 1, Ordering::Relaxed);
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let port = loop {
+            let line = lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("secure-server ready within 60 s");
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if v["message"] == "secure-server ready" {
+                let listen = v["listen"].as_str().expect("listen field");
+                break listen
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .expect("port");
+            }
+        };
+        Server {
+            child,
+            port,
+            log_bytes,
+            lines,
+        }
+    }
+
+    /// User + system CPU seconds the server has used so far.
+    fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("server /proc stat");
+        // Fields after the command name (which may contain spaces) start after the last ')'.
+        let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 =
+            f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
+        // SAFETY: sysconf has no preconditions.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
+    /// Log lines so far whose message contains `needle`.
+    fn count(&self, needle: &str) -> usize {
+        self.lines.try_iter().filter(|l| l.contains(needle)).count()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pki() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    secure_rdma::certs::init(dir.path(), &["localhost".into(), "127.0.0.1".into()]).expect("certs");
+    secure_rdma::certs::issue_client(dir.path(), "alice").expect("client cert");
+    dir
+}
+
+/// Idle TCP connections from `source` (they never send a ClientHello).
+async fn idle_connections(port: u16, source: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(format!("{source}:0").parse().expect("addr"))
+            .expect("bind source");
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            socket.connect(format!("127.0.0.1:{port}").parse().expect("addr")),
+        )
+        .await
+        {
+            Ok(Ok(s)) => held.push(s),
+            // The listen backlog is finite: a connect that does not complete is an attacker's
+            // problem, not ours.
+            _ => break,
+        }
+    }
+    held
+}
+
+/// A legitimate client from 127.0.0.1; `Ok(elapsed)` when the server answered it.
+async fn legit_client(certs: &Path, port: u16) -> Result<Duration, String> {
+    let cfg = ClientConfig {
+        port,
+        ca: certs.join("ca.pem"),
+        identity: Some((certs.join("alice.pem"), certs.join("alice.key"))),
+        timeout: Duration::from_secs(20),
+        ..ClientConfig::new("127.0.0.1")
+    };
+    let started = Instant::now();
+    match Client::connect(&cfg).await {
+        // The host has no RDMA device: being told so ("server cannot serve RDMA") means TLS,
+        // identity, hello and admission all happened. Any answer of the server's is an answer.
+        Err(ClientError::Rejected(_)) | Ok(_) => Ok(started.elapsed()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_idle_connections_from_one_address_do_not_lock_others_out() {
+    let certs = pki();
+    // Far fewer descriptors than attacking connections.
+    let server = Server::start(certs.path(), 64, &[]);
+    let cpu_before = server.cpu_seconds();
+    let t0 = Instant::now();
+    let held = idle_connections(server.port, "127.0.0.2", 1000).await;
+    // Some connects may not complete when the kernel's backlog is full: that is the attacker's
+    // problem. What matters is what the server does with the ones that do.
+
+    let served = legit_client(certs.path(), server.port).await;
+    let elapsed = t0.elapsed();
+    let cpu = server.cpu_seconds() - cpu_before;
+    let log = server.log_bytes.load(Ordering::Relaxed);
+    let closed_lines = server.count("connection closed at accept");
+    println!(
+        "{} idle connections from 127.0.0.2, fd limit 64: legit client answered after {:?}; \
+         server CPU {cpu:.2} s in {elapsed:?}; log {log} bytes ({closed_lines} 'closed at accept' lines)",
+        held.len(),
+        served
+    );
+    let served = served.expect("the client from another address was served");
+    assert!(
+        served < Duration::from_secs(10),
+        "served only after {served:?}"
+    );
+    assert!(log < 1 << 20, "server log grew to {log} bytes");
+    // Bounded CPU: far below one core busy over the attack.
+    assert!(
+        cpu < elapsed.as_secs_f64() * 0.5 + 1.0,
+        "server burnt {cpu:.2} s CPU in {elapsed:?}"
+    );
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_exhaustion_backs_off_instead_of_spinning() {
+    let certs = pki();
+    // Limits raised so that the connections really exhaust the descriptor table (EMFILE).
+    let server = Server::start(
+        certs.path(),
+        48,
+        &[
+            "--max-pending",
+            "1000",
+            "--max-pending-per-address",
+            "1000",
+            "--handshake-timeout",
+            "60",
+        ],
+    );
+    let held = idle_connections(server.port, "127.0.0.3", 200).await;
+    // Wait until the server reports the exhaustion, then watch it for 3 s.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut failures = 0;
+    while failures == 0 && Instant::now() < deadline {
+        if let Ok(line) = server.lines.recv_timeout(Duration::from_millis(200)) {
+            if line.contains("accept failed") {
+                failures += 1;
+            }
+        }
+    }
+    assert!(failures > 0, "the server never ran out of descriptors");
+    let cpu_before = server.cpu_seconds();
+    let bytes_before = server.log_bytes.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cpu = server.cpu_seconds() - cpu_before;
+    let logged = server.log_bytes.load(Ordering::Relaxed) - bytes_before;
+    let lines = server.count("accept failed");
+    println!("EMFILE for 3 s: {lines} 'accept failed' lines, {logged} log bytes, {cpu:.2} s CPU");
+    assert!(cpu < 0.5, "accept loop spun: {cpu:.2} s CPU in 3 s");
+    assert!(logged < 16 << 10, "{logged} log bytes in 3 s");
+    assert!(lines <= 20, "{lines} accept warnings in 3 s");
+
+    // The attack ends: descriptors come back and a client is served again.
+    drop(held);
+    let served = legit_client(certs.path(), server.port).await;
+    assert!(served.is_ok(), "not served after the attack: {served:?}");
+}

@@ -1,0 +1,87 @@
+//! A client that misbehaves on purpose, for the hostile-peer lab tests: it connects like
+//! secure-client (library, same certificates), then RDMA SENDs as fast as it can and never
+//! reads its TLS socket, so the server's acknowledgements pile up until the server's writes
+//! block. Prints one JSON line per second of progress and a final one.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Parser;
+use secure_rdma::client::{Client, ClientConfig};
+
+/// Misbehaving secure-client for the lab: sends without ever reading acknowledgements.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Server address.
+    host: String,
+    /// Server port.
+    #[arg(long)]
+    port: u16,
+    /// Certificate directory (ca.pem, NAME.pem, NAME.key).
+    #[arg(long)]
+    certs: PathBuf,
+    /// Client identity.
+    #[arg(long)]
+    name: String,
+    /// Messages to send at most.
+    #[arg(long, default_value_t = 1_000_000)]
+    count: u64,
+    /// Seconds one send may take before the client reports it stalled (and keeps waiting up
+    /// to --timeout).
+    #[arg(long, default_value_t = 2)]
+    stall: u64,
+    /// Seconds each step may take.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let cfg = ClientConfig {
+        port: args.port,
+        ca: args.certs.join("ca.pem"),
+        identity: Some((
+            args.certs.join(format!("{}.pem", args.name)),
+            args.certs.join(format!("{}.key", args.name)),
+        )),
+        timeout: Duration::from_secs(args.timeout),
+        ..ClientConfig::new(&args.host)
+    };
+    let mut client = Client::connect(&cfg).await?;
+    println!("{}", serde_json::json!({"connected": true}));
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let mut stalled = false;
+    let mut sent = 0u64;
+    let payload = [b'x'; 64];
+    let outcome = loop {
+        if sent == args.count {
+            break "count reached".to_owned();
+        }
+        let send = client.session_mut().send(&payload);
+        tokio::pin!(send);
+        let result = tokio::select! {
+            r = &mut send => r,
+            _ = tokio::time::sleep(Duration::from_secs(args.stall)), if !stalled => {
+                stalled = true;
+                println!("{}", serde_json::json!({"stalled": true, "sent": sent}));
+                send.await
+            }
+        };
+        match result {
+            Ok(()) => sent += 1,
+            Err(e) => break e.to_string(),
+        }
+        if last_report.elapsed() >= Duration::from_secs(1) {
+            println!("{}", serde_json::json!({"sent": sent}));
+            last_report = Instant::now();
+        }
+    };
+    println!(
+        "{}",
+        serde_json::json!({"done": true, "sent": sent, "outcome": outcome, "secs": started.elapsed().as_secs_f64()})
+    );
+    Ok(())
+}

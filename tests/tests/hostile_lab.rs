@@ -1,0 +1,199 @@
+//! Hostile peers against secure-server on real Soft-RoCE (issue: the server stays up and fair
+//! under abuse). The server on 10.77.0.1 (`rxe-a`), clients from 10.77.0.2 (`rxe-b`).
+//!
+//! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use secure_rdma_tests::secure::{bin, client, Held, Lines, Pki, ServerProc};
+use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, ADDR_A};
+
+const STEP: Duration = Duration::from_secs(120);
+
+/// `hostile-client`: connects, then SENDs without ever reading its TLS socket.
+fn hostile(pki: &Pki, server: &ServerProc, name: &str) -> (std::process::Child, Lines) {
+    let mut child = Command::new(bin("hostile-client"))
+        .arg(ADDR_A)
+        .args([
+            "--port",
+            &server.port.to_string(),
+            "--name",
+            name,
+            "--certs",
+        ])
+        .arg(pki.dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn hostile-client");
+    let out = Lines::collect(child.stdout.take().expect("stdout"));
+    (child, out)
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_client_that_never_reads_its_tls_socket_is_disconnected() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["greedy".to_owned()]);
+    let server = ServerProc::start(&pki, 4601, &["--write-timeout", "3"]);
+    let (child, out) = hostile(&pki, &server, "greedy");
+    out.wait_for("connected", 1, STEP, |l| l.contains("\"connected\""));
+    let t0 = Instant::now();
+    let is_gone = |l: &str| l.contains("client gone") && l.contains("greedy");
+    server.log.wait_for("client gone", 1, STEP, is_gone);
+    let line = server
+        .log
+        .snapshot()
+        .into_iter()
+        .find(|l| is_gone(l))
+        .unwrap_or_default();
+    println!(
+        "non-reading client disconnected after {:?}: {line}",
+        t0.elapsed()
+    );
+    assert!(
+        line.contains("did not read its TLS socket"),
+        "disconnected for another reason: {line}"
+    );
+    let out = wait_with_deadline(child, STEP, "hostile-client");
+    println!(
+        "hostile-client: {}",
+        text(&out.stdout).lines().last().unwrap_or("")
+    );
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn sigterm_wins_over_a_client_that_blocks_the_server_s_writes() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["greedy".to_owned()]);
+    // Writes that would wait for ever, and no idle timeout to rescue us: only shutdown.
+    let server = ServerProc::start(&pki, 4602, &["--write-timeout", "3600"]);
+    let (mut child, out) = hostile(&pki, &server, "greedy");
+    out.wait_for("connected", 1, STEP, |l| l.contains("\"connected\""));
+    // The server is blocked in a write once the client's sends stop completing (the server's
+    // task no longer reposts its receives).
+    out.wait_for("stalled", 1, STEP, |l| l.contains("\"stalled\""));
+    let t0 = Instant::now();
+    server.signal(libc::SIGTERM);
+    server
+        .log
+        .wait_for("server stopped", 1, Duration::from_secs(30), |l| {
+            l.contains("server stopped")
+        });
+    let took = t0.elapsed();
+    println!("SIGTERM with a blocked write: server stopped after {took:?}");
+    assert!(took < Duration::from_secs(15), "shutdown took {took:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn one_identity_cannot_take_more_than_its_sessions() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["alice".to_owned(), "bob".to_owned()]);
+    let server = ServerProc::start(
+        &pki,
+        4603,
+        &["--max-clients", "10", "--max-sessions-per-identity", "2"],
+    );
+    let held: Vec<Held> = (0..2)
+        .map(|_| Held::start(client(&pki, &server, Some("alice"))))
+        .collect();
+    for h in &held {
+        h.wait_connected();
+    }
+    let third = wait_with_deadline(
+        spawn(client(&pki, &server, Some("alice")).args(["-e", "quit"])),
+        STEP,
+        "third alice",
+    );
+    let err = text(&third.stderr);
+    assert_eq!(third.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("identity alice already has 2 sessions"),
+        "{err}"
+    );
+    let bob = wait_with_deadline(
+        spawn(client(&pki, &server, Some("bob")).args(["-e", "send hi from bob", "-e", "quit"])),
+        STEP,
+        "bob",
+    );
+    assert!(bob.status.success(), "{}", text(&bob.stderr));
+    assert!(text(&bob.stdout).contains("server acknowledged send #1"));
+    // A freed session of alice's makes room for alice again.
+    let mut held = held;
+    let first = held.remove(0);
+    assert!(first.quit().success());
+    server
+        .log
+        .wait_for("client gone", 2, STEP, |l| l.contains("client gone"));
+    let again = wait_with_deadline(
+        spawn(client(&pki, &server, Some("alice")).args(["-e", "quit"])),
+        STEP,
+        "alice again",
+    );
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    for h in held {
+        h.quit();
+    }
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_killed_server_is_reported_and_the_client_reconnects_when_it_is_back() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["carol".to_owned()]);
+    let port = 4604;
+    let server = ServerProc::start(&pki, port, &[]);
+    let mut c = client(&pki, &server, Some("carol"));
+    c.args(["--reconnect-attempts", "30"]);
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn client");
+    let out = Lines::collect(child.stdout.take().expect("stdout"));
+    let err = Lines::collect(child.stderr.take().expect("stderr"));
+    out.wait_for("connected", 1, STEP, |l| l.starts_with("connected to "));
+
+    let t0 = Instant::now();
+    server.signal(libc::SIGKILL);
+    drop(server);
+    // The idle client notices on its own, without a command.
+    err.wait_for("session lost", 1, STEP, |l| l.contains("session lost"));
+    let noticed = t0.elapsed();
+    println!("client noticed the killed server after {noticed:?}");
+    assert!(
+        noticed < Duration::from_secs(10),
+        "noticed after {noticed:?}"
+    );
+
+    let server = ServerProc::start(&pki, port, &[]);
+    out.wait_for("reconnected", 1, STEP, |l| l.starts_with("reconnected to "));
+    println!("reconnected {:?} after the kill", t0.elapsed());
+    let stdin = child.stdin.as_mut().expect("stdin");
+    stdin
+        .write_all(b"send after the restart\nquit\n")
+        .expect("write");
+    let done = wait_with_deadline(child, STEP, "client");
+    assert!(done.status.success(), "{:?}", err.snapshot());
+    let sends = server.events("SEND received");
+    assert_eq!(sends.len(), 1, "{sends:?}");
+    assert_eq!(sends[0]["content"], "\"after the restart\"");
+    let attempts = err
+        .snapshot()
+        .iter()
+        .filter(|l| l.contains("connection attempt"))
+        .count();
+    println!("{attempts} failed reconnection attempts logged while the server was down");
+}
