@@ -64,11 +64,6 @@ fn wait_until(
     }
 }
 
-/// JSON events of a log.
-fn events(lines: &Lines) -> Vec<Value> {
-    lines.events()
-}
-
 // ------------------------------------------------------------------ rxe counters
 
 /// `/sys/class/infiniband/DEV/ports/1/hw_counters/*`.
@@ -203,6 +198,31 @@ impl Victim {
         );
         self.acks().pop().expect("an acknowledgement")
     }
+
+    /// Quits and says whether it exited 0.
+    fn quit_ok(self) -> bool {
+        let ctx = self.context();
+        let s = self.quit_status();
+        if !s.success() {
+            eprintln!("secure-client exited {s}\n{ctx}");
+        }
+        s.success()
+    }
+
+    fn quit_status(self) -> ExitStatus {
+        // Moves out of self: Drop still reaps if quit panics.
+        let mut this = self;
+        this.command("quit");
+        drop(this.stdin.take());
+        let start = Instant::now();
+        loop {
+            if let Some(s) = this.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(start.elapsed() < STEP, "secure-client did not quit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Victim {
@@ -255,7 +275,9 @@ impl Session {
     /// The server's received messages of `kind` ("SEND received", "WRITE landed"), as
     /// (client, seq, content) in log order.
     fn delivered(&self, kind: &str) -> Vec<(String, u64, String)> {
-        events(&self.server.log)
+        self.server
+            .log
+            .events()
             .into_iter()
             .filter(|e| e["message"] == kind)
             .map(|e| {
@@ -427,7 +449,7 @@ struct OnPath {
     first_ack: String,
 }
 
-/// Attack 1 (and 4): a live session; the client does `genuine` (a send or write); the
+/// The on-path attacks (issue 11, tests 1, 2 and 4): a live session; the client does `genuine` (a send or write); the
 /// attacker, observing `veth-b`, injects `inject` (`--send TEXT` or `--write-imm TEXT`) at
 /// the next PSN. Returns once the server delivered the forgery or reacted to it.
 fn on_path(port: u16, flags: Flags<'_>, genuine: &str, inject: [&str; 2]) -> OnPath {
@@ -624,7 +646,7 @@ struct Replayed {
     renumbered_delivered: bool,
 }
 
-/// Attack 3: capture one genuine SEND (rdma-inject --observe --save), replay it verbatim
+/// The replay attack (issue 11, test 3): capture one genuine SEND (rdma-inject --observe --save), replay it verbatim
 /// (its old PSN), then renumbered to the live flow's next PSN.
 fn replay_attack(port: u16, flags: Flags<'_>, dir: &Path) -> Replayed {
     let mut session = Session::start(port, flags);
@@ -662,8 +684,8 @@ fn replay_attack(port: u16, flags: Flags<'_>, dir: &Path) -> Replayed {
     let renumber = Injector::start(&observe_args(&["--replay", pcap_s]));
     session.victim.op("send second genuine send");
     let report = renumber.finish();
-    // The second genuine send is delivered in order; anything the verbatim replay had
-    // delivered would have been logged before it.
+    // RC delivers in order: had the verbatim replay been delivered, the captured message
+    // would show twice before the second genuine send.
     let verbatim_delivered = session
         .delivered("SEND received")
         .iter()
@@ -744,7 +766,7 @@ struct Blind {
 
 const BLIND_PAYLOAD: &str = "BLIND-GUESS";
 
-/// Attack 5: `guesses` random PSNs at the session's QPN from an off-path attacker who knows
+/// The off-path attack (issue 11, tests 5 and 6): `guesses` random PSNs at the session's QPN from an off-path attacker who knows
 /// the addresses and QPN (rxe allocates QPNs in order) but sees no traffic; then the client
 /// sends its next message.
 fn blind_attack(port: u16, flags: Flags<'_>, guesses: u32) -> Blind {
@@ -875,31 +897,4 @@ fn baseline_blind_ten_thousand_psn_guesses_deliver_nothing_and_show_in_rxe_count
         b.deltas_a
     );
     assert!(b.session.victim.quit_ok());
-}
-
-impl Victim {
-    /// Quits and says whether it exited 0.
-    fn quit_ok(self) -> bool {
-        let ctx = self.context();
-        let s = self.quit_status();
-        if !s.success() {
-            eprintln!("secure-client exited {s}\n{ctx}");
-        }
-        s.success()
-    }
-
-    fn quit_status(self) -> ExitStatus {
-        // Moves out of self: Drop still reaps if quit panics.
-        let mut this = self;
-        this.command("quit");
-        drop(this.stdin.take());
-        let start = Instant::now();
-        loop {
-            if let Some(s) = this.child.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(start.elapsed() < STEP, "secure-client did not quit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
 }
