@@ -1,0 +1,31 @@
+//! `rdma-inject`: argument parsing, log setup and the exit code; the work is in the library.
+
+use std::io::{self, BufWriter};
+use std::process::ExitCode;
+
+use clap::Parser;
+use rdma_cli::logging;
+use rdma_inject::cli::Cli;
+use rdma_inject::report::Reporter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format, "info");
+    let plan = match cli.plan() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("rdma-inject: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut rep = Reporter::new(BufWriter::new(io::stdout().lock()), cli.json);
+    match rdma_inject::run::run(&plan, &mut rep) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // What was reported so far still reaches stdout.
+            let _ = rep.flush();
+            eprintln!("rdma-inject: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,900 @@
+//! Attacks on the secure-rdma data path with `rdma-inject`, on real Soft-RoCE: the server on
+//! 10.77.0.1 (`rxe-a`), its client on 10.77.0.2 (`rxe-b`), the attacker on `veth-b`, where a
+//! frame it sends reaches `rxe-a` exactly like `rxe-b`'s own.
+//!
+//! Each attack is a function that takes the server's and the client's extra flags and returns
+//! what it observed, so the same attack runs against an unprotected session (the baselines
+//! here, which prove the tool: every attack works) and, with other flags, against a protected
+//! one. The baselines assert what rxe does today; the numbers they measure are printed.
+//!
+//! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
+use secure_rdma_tests::{require_lab, ADDR_A, ADDR_B};
+use serde_json::Value;
+
+/// How long one lab step may take under TCG before the test fails.
+const STEP: Duration = Duration::from_secs(90);
+/// The attacker's interface: the client's link.
+const ATTACKER_IFACE: &str = "veth-b";
+/// The forged SEND's content.
+const FORGED_SEND: &str = "FORGED-BY-ATTACKER";
+/// The forged WRITE's content.
+const FORGED_WRITE: &str = "FORGED-WRITE-BY-ATTACKER";
+/// The client's identity in every test.
+const VICTIM: &str = "victim";
+
+/// Extra flags for the server and the client: none for today's baseline; the protected
+/// variants pass their own.
+#[derive(Clone, Copy, Debug)]
+struct Flags<'a> {
+    server: &'a [&'a str],
+    client: &'a [&'a str],
+}
+
+/// Today's server and client, without payload protection.
+const BASELINE: Flags<'static> = Flags {
+    server: &[],
+    client: &[],
+};
+
+// ------------------------------------------------------------------ waiting
+
+/// Polls `cond` until it holds; fails the test with `context()` at the deadline.
+fn wait_until(
+    what: &str,
+    deadline: Duration,
+    mut cond: impl FnMut() -> bool,
+    context: impl Fn() -> String,
+) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ------------------------------------------------------------------ rxe counters
+
+/// `/sys/class/infiniband/DEV/ports/1/hw_counters/*`.
+fn hw_counters(dev: &str) -> BTreeMap<String, u64> {
+    let dir = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters");
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {dir}: {e}")) {
+        let entry = entry.expect("dir entry");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(v) = std::fs::read_to_string(entry.path())
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            out.insert(name, v);
+        }
+    }
+    out
+}
+
+/// The counters that moved between two readings, `name: +delta`.
+fn deltas(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+fn delta(d: &BTreeMap<String, u64>, name: &str) -> u64 {
+    d.get(name).copied().unwrap_or(0)
+}
+
+/// Both devices' counters.
+#[derive(Clone, Debug)]
+struct Counters {
+    a: BTreeMap<String, u64>,
+    b: BTreeMap<String, u64>,
+}
+
+impl Counters {
+    fn read() -> Counters {
+        Counters {
+            a: hw_counters("rxe-a"),
+            b: hw_counters("rxe-b"),
+        }
+    }
+
+    /// What moved since `self`, per device.
+    fn since(&self) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+        let now = Counters::read();
+        (deltas(&self.a, &now.a), deltas(&self.b, &now.b))
+    }
+}
+
+// ------------------------------------------------------------------ the victim session
+
+/// A secure-client driven through its stdin.
+struct Victim {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    out: Lines,
+    err: Lines,
+}
+
+impl Victim {
+    fn start(pki: &Pki, server: &ServerProc, extra: &[&str]) -> Victim {
+        let mut cmd = client(pki, server, Some(VICTIM));
+        let mut child = cmd
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn secure-client");
+        let stdin = child.stdin.take();
+        let out = Lines::collect(child.stdout.take().expect("stdout"));
+        let err = Lines::collect(child.stderr.take().expect("stderr"));
+        let v = Victim {
+            child,
+            stdin,
+            out,
+            err,
+        };
+        v.wait_out("connected", |l| l.starts_with("connected to "), 1);
+        v
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "client stdout:\n{}\nclient stderr:\n{}",
+            self.out.snapshot().join("\n"),
+            self.err.snapshot().join("\n")
+        )
+    }
+
+    /// Waits until `n` stdout lines match.
+    fn wait_out(&self, what: &str, pred: impl Fn(&str) -> bool, n: usize) {
+        wait_until(
+            &format!("client: {n} x {what}"),
+            STEP,
+            || self.out.snapshot().iter().filter(|l| pred(l)).count() >= n,
+            || self.context(),
+        );
+    }
+
+    /// Types a command.
+    fn command(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}").expect("write to secure-client");
+        stdin.flush().expect("flush secure-client stdin");
+    }
+
+    /// The acknowledgements it printed.
+    fn acks(&self) -> Vec<String> {
+        self.out
+            .snapshot()
+            .into_iter()
+            .filter(|l| l.starts_with("server acknowledged"))
+            .collect()
+    }
+
+    /// Types `send`/`write` and waits for the next acknowledgement; returns it.
+    fn op(&mut self, line: &str) -> String {
+        let n = self.acks().len() + 1;
+        self.command(line);
+        self.wait_out(
+            "acknowledgement",
+            |l| l.starts_with("server acknowledged"),
+            n,
+        );
+        self.acks().pop().expect("an acknowledgement")
+    }
+
+    /// Quits and says whether it exited 0.
+    fn quit_ok(self) -> bool {
+        let ctx = self.context();
+        let s = self.quit_status();
+        if !s.success() {
+            eprintln!("secure-client exited {s}\n{ctx}");
+        }
+        s.success()
+    }
+
+    fn quit_status(self) -> ExitStatus {
+        // Moves out of self: Drop still reaps if quit panics.
+        let mut this = self;
+        this.command("quit");
+        drop(this.stdin.take());
+        let start = Instant::now();
+        loop {
+            if let Some(s) = this.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(start.elapsed() < STEP, "secure-client did not quit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A server and its connected client.
+struct Session {
+    _pki: Pki,
+    server: ServerProc,
+    victim: Victim,
+    /// The server's QPN for this client (from its "client connected" event).
+    server_qpn: u64,
+}
+
+impl Session {
+    fn start(port: u16, flags: Flags<'_>) -> Session {
+        require_lab();
+        let pki = Pki::new();
+        pki.clients(&[VICTIM.to_owned()]);
+        let server = ServerProc::start(&pki, port, flags.server);
+        let victim = Victim::start(&pki, &server, flags.client);
+        server.log.wait_for("client connected", 1, STEP, |l| {
+            l.contains("client connected")
+        });
+        let connected = server
+            .events("client connected")
+            .pop()
+            .expect("client connected event");
+        let server_qpn = hex(&connected["qpn"]);
+        Session {
+            _pki: pki,
+            server,
+            victim,
+            server_qpn,
+        }
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "server log:\n{}\n{}",
+            self.server.log.snapshot().join("\n"),
+            self.victim.context()
+        )
+    }
+
+    /// The server's received messages of `kind` ("SEND received", "WRITE landed"), as
+    /// (client, seq, content) in log order.
+    fn delivered(&self, kind: &str) -> Vec<(String, u64, String)> {
+        self.server
+            .log
+            .events()
+            .into_iter()
+            .filter(|e| e["message"] == kind)
+            .map(|e| {
+                (
+                    e["client"].as_str().unwrap_or("").to_owned(),
+                    e["seq"].as_u64().unwrap_or(0),
+                    unquote(&e["content"]),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until the server delivered `content` (as `kind`), or reported the attack, or
+    /// dropped the client: whichever comes first. True if delivered.
+    fn wait_delivery_or_reaction(&self, kind: &str, content: &str) -> bool {
+        let delivered = |l: &str| {
+            serde_json::from_str::<Value>(l)
+                .is_ok_and(|e| e["message"] == kind && unquote(&e["content"]) == content)
+        };
+        let reacted = |l: &str| l.contains("failed authentication") || l.contains("client gone");
+        self.server.log.wait_for(
+            &format!("{kind} {content} or the server's reaction"),
+            1,
+            STEP,
+            |l| delivered(l) || reacted(l),
+        );
+        self.server.log.snapshot().iter().any(|l| delivered(l))
+    }
+}
+
+/// A log field rendered with `{:?}` ("\"text\"") back to the text.
+fn unquote(v: &Value) -> String {
+    let s = v.as_str().unwrap_or("");
+    s.strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(s)
+        .to_owned()
+}
+
+fn hex(v: &Value) -> u64 {
+    let s = v.as_str().unwrap_or_else(|| panic!("{v} is not a string"));
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+// ------------------------------------------------------------------ the attacker
+
+/// A running rdma-inject.
+struct Injector {
+    child: Child,
+    out: Lines,
+    err: Lines,
+}
+
+/// What rdma-inject reported.
+#[derive(Debug)]
+struct InjectReport {
+    injected: Vec<Value>,
+    summary: Value,
+}
+
+impl Injector {
+    /// Starts rdma-inject; with `--observe`, waits until it is observing.
+    fn start(args: &[&str]) -> Injector {
+        let mut child = Command::new(bin("rdma-inject"))
+            .args(args)
+            .arg("--json")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rdma-inject (built by cargo build --workspace --bins)");
+        let out = Lines::collect(child.stdout.take().expect("stdout"));
+        let err = Lines::collect(child.stderr.take().expect("stderr"));
+        let mut inj = Injector { child, out, err };
+        if args.contains(&"--observe") {
+            let start = Instant::now();
+            while !inj.err.snapshot().iter().any(|l| l.contains("observing")) {
+                if let Some(status) = inj.child.try_wait().expect("try_wait") {
+                    panic!("rdma-inject exited early: {status}\n{}", inj.context());
+                }
+                assert!(
+                    start.elapsed() < STEP,
+                    "rdma-inject not observing\n{}",
+                    inj.context()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        inj
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "rdma-inject stdout:\n{}\nrdma-inject stderr:\n{}",
+            self.out.snapshot().join("\n"),
+            self.err.snapshot().join("\n")
+        )
+    }
+
+    /// Waits for the exit (status 0 required) and the summary.
+    fn finish(mut self) -> InjectReport {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(180) {
+                let _ = self.child.kill();
+                panic!("rdma-inject still running after 180 s\n{}", self.context());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            status.success(),
+            "rdma-inject failed: {status}\n{}",
+            self.context()
+        );
+        // The reader thread may still hold the last line for a moment after the exit.
+        self.out
+            .wait_for("summary", 1, Duration::from_secs(10), |l| {
+                l.starts_with("{\"summary\"")
+            });
+        let mut injected = Vec::new();
+        let mut summary = Value::Null;
+        for l in self.out.snapshot() {
+            let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            if !v["injected"].is_null() {
+                injected.push(v["injected"].clone());
+            } else {
+                summary = v["summary"].clone();
+            }
+        }
+        assert!(summary.is_object(), "no summary\n{}", self.context());
+        InjectReport { injected, summary }
+    }
+}
+
+impl Drop for Injector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn observe_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "--observe",
+        ATTACKER_IFACE,
+        "--dst",
+        ADDR_A,
+        "--timeout",
+        "150",
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+// ------------------------------------------------------------------ the attacks
+
+/// What an on-path injection did.
+struct OnPath {
+    session: Session,
+    report: InjectReport,
+    /// True if the server delivered the forged content (false: it reacted otherwise).
+    delivered: bool,
+    counters: Counters,
+    /// The genuine operation the injector learned from, and its acknowledgement.
+    first_ack: String,
+}
+
+/// The on-path attacks (issue 11, tests 1, 2 and 4): a live session; the client does `genuine` (a send or write); the
+/// attacker, observing `veth-b`, injects `inject` (`--send TEXT` or `--write-imm TEXT`) at
+/// the next PSN. Returns once the server delivered the forgery or reacted to it.
+fn on_path(port: u16, flags: Flags<'_>, genuine: &str, inject: [&str; 2]) -> OnPath {
+    let mut session = Session::start(port, flags);
+    let counters = Counters::read();
+    let injector = Injector::start(&observe_args(&inject));
+    let first_ack = session.victim.op(genuine);
+    let report = injector.finish();
+    let (kind, content) = match inject[0] {
+        "--send" => ("SEND received", inject[1]),
+        _ => ("WRITE landed", inject[1]),
+    };
+    let delivered = session.wait_delivery_or_reaction(kind, content);
+    OnPath {
+        session,
+        report,
+        delivered,
+        counters,
+        first_ack,
+    }
+}
+
+/// Checks what rdma-inject said it learned and sent against the session.
+fn check_injection(run: &OnPath, opcode: &str) {
+    let flow = &run.report.summary["flow"];
+    assert_eq!(run.report.injected.len(), 1, "{:?}", run.report);
+    let inj = &run.report.injected[0];
+    assert_eq!(inj["opcode"], opcode);
+    assert_eq!(inj["dst_qpn"].as_u64(), Some(run.session.server_qpn));
+    assert_eq!(flow["dst_qpn"].as_u64(), Some(run.session.server_qpn));
+    assert_eq!(inj["psn"], flow["next_psn"]);
+    assert_eq!(
+        flow["next_psn"].as_u64(),
+        flow["last_psn"].as_u64().map(|p| (p + 1) & 0xff_ffff)
+    );
+    assert_eq!(flow["src_ip"], ADDR_B);
+    assert_eq!(flow["dst_ip"], ADDR_A);
+}
+
+/// After a forgery consumed the client's next PSN: two more genuine operations. Returns the
+/// client's acknowledgements of both.
+fn follow_up(run: &mut OnPath, verb: &str) -> (String, String) {
+    let second = run
+        .session
+        .victim
+        .op(&format!("{verb} second genuine {verb}"));
+    let third = run
+        .session
+        .victim
+        .op(&format!("{verb} third genuine {verb}"));
+    (second, third)
+}
+
+// ------------------------------------------------------------------ baselines
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn baseline_on_path_forged_send_is_delivered_as_the_client_and_its_next_message_is_lost() {
+    let mut run = on_path(
+        4560,
+        BASELINE,
+        "send hello from the real client",
+        ["--send", FORGED_SEND],
+    );
+    check_injection(&run, "RC SEND Only");
+    assert!(
+        run.delivered,
+        "forged SEND not delivered\n{}",
+        run.session.context()
+    );
+    // Attributed to the authenticated client, as its second message.
+    let sends = run.session.delivered("SEND received");
+    assert_eq!(
+        sends[1],
+        (VICTIM.to_owned(), 2, FORGED_SEND.to_owned()),
+        "{sends:?}"
+    );
+    assert_eq!(
+        run.first_ack,
+        format!(
+            "server acknowledged send #1: {} bytes",
+            "hello from the real client".len()
+        )
+    );
+
+    // The forgery took the PSN the client uses next: rxe-a takes the client's second SEND
+    // for a duplicate, acknowledges it and drops it; the client reads the server's
+    // acknowledgement of the *forged* message (already waiting on TLS) as its own.
+    let (second, third) = follow_up(&mut run, "send");
+    let sends = run.session.delivered("SEND received");
+    let (d_a, d_b) = run.counters.since();
+    eprintln!(
+        "forged SEND: delivered as {:?}; client's next acks {second:?}, {third:?}; server got \
+         {sends:?}; rxe-a counters {d_a:?}; rxe-b counters {d_b:?}",
+        sends[1]
+    );
+    assert_eq!(
+        second,
+        format!("server acknowledged send #2: {} bytes", FORGED_SEND.len())
+    );
+    assert_eq!(
+        third,
+        format!(
+            "server acknowledged send #3: {} bytes",
+            "third genuine send".len()
+        )
+    );
+    let contents: Vec<&str> = sends.iter().map(|s| s.2.as_str()).collect();
+    assert_eq!(
+        contents,
+        [
+            "hello from the real client",
+            FORGED_SEND,
+            "third genuine send"
+        ],
+        "the second genuine SEND is lost"
+    );
+    assert!(delta(&d_a, "duplicate_request") >= 1, "{d_a:?}");
+    assert!(run.session.victim.quit_ok());
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn baseline_forged_write_with_immediate_lands_at_the_observed_rkey_and_address() {
+    let mut run = on_path(
+        4561,
+        BASELINE,
+        "write genuine bytes of the client",
+        ["--write-imm", FORGED_WRITE],
+    );
+    check_injection(&run, "RC RDMA WRITE Only with Immediate");
+    let write = run.report.summary["flow"]["write"].clone();
+    assert!(write["rkey"].is_u64() && write["va"].is_u64(), "{write}");
+    assert_eq!(
+        write["dma_len"].as_u64(),
+        Some("genuine bytes of the client".len() as u64)
+    );
+    assert!(
+        run.delivered,
+        "forged WRITE not delivered\n{}",
+        run.session.context()
+    );
+    let writes = run.session.delivered("WRITE landed");
+    assert_eq!(
+        writes[1],
+        (VICTIM.to_owned(), 2, FORGED_WRITE.to_owned()),
+        "{writes:?}"
+    );
+    let (second, third) = follow_up(&mut run, "write");
+    let writes = run.session.delivered("WRITE landed");
+    let (d_a, d_b) = run.counters.since();
+    eprintln!(
+        "forged WRITE: rkey {} va {:#x}; client's next acks {second:?}, {third:?}; server got \
+         {writes:?}; rxe-a counters {d_a:?}; rxe-b counters {d_b:?}",
+        write["rkey"],
+        write["va"].as_u64().unwrap_or(0)
+    );
+    assert_eq!(
+        second,
+        format!("server acknowledged write #2: {} bytes", FORGED_WRITE.len())
+    );
+    assert_eq!(
+        third,
+        format!(
+            "server acknowledged write #3: {} bytes",
+            "third genuine write".len()
+        )
+    );
+    let contents: Vec<&str> = writes.iter().map(|s| s.2.as_str()).collect();
+    assert_eq!(
+        contents,
+        [
+            "genuine bytes of the client",
+            FORGED_WRITE,
+            "third genuine write"
+        ]
+    );
+    assert!(delta(&d_a, "duplicate_request") >= 1, "{d_a:?}");
+    assert!(run.session.victim.quit_ok());
+}
+
+/// What the replay attack observed.
+struct Replayed {
+    session: Session,
+    /// The captured message.
+    captured: String,
+    /// Delivered again after a verbatim replay (the captured PSN)?
+    verbatim_delivered: bool,
+    /// rxe-a's counters that moved during the verbatim replay.
+    verbatim_deltas: BTreeMap<String, u64>,
+    /// What the renumbered replay sent.
+    report: InjectReport,
+    /// Delivered again after the renumbered replay?
+    renumbered_delivered: bool,
+}
+
+/// The replay attack (issue 11, test 3): capture one genuine SEND (rdma-inject --observe --save), replay it verbatim
+/// (its old PSN), then renumbered to the live flow's next PSN.
+fn replay_attack(port: u16, flags: Flags<'_>, dir: &Path) -> Replayed {
+    let mut session = Session::start(port, flags);
+    let pcap = dir.join("legit.pcap");
+    let pcap_s = pcap.to_str().expect("utf-8 path");
+    let captured = "LEGIT-TRANSFER: pay 100 to bob".to_owned();
+
+    // Capture: learn only, saving the flow's requests.
+    let learner = Injector::start(&observe_args(&["--save", pcap_s]));
+    session.victim.op(&format!("send {captured}"));
+    let learned = learner.finish();
+    assert_eq!(learned.injected.len(), 0);
+    assert_eq!(
+        learned.summary["saved"].as_u64(),
+        Some(1),
+        "{:?}",
+        learned.summary
+    );
+
+    // Verbatim: its PSN is behind the responder's, so rxe-a must count it as a duplicate.
+    let before = hw_counters("rxe-a");
+    let verbatim = Injector::start(&["--replay", pcap_s, "--iface", ATTACKER_IFACE]).finish();
+    assert_eq!(verbatim.injected.len(), 1);
+    let moved = |name: &str| delta(&deltas(&before, &hw_counters("rxe-a")), name) > 0;
+    wait_until(
+        "rxe-a to count the verbatim replay (duplicate_request or out_of_seq_request)",
+        STEP,
+        || moved("duplicate_request") || moved("out_of_seq_request") || moved("rcvd_pkts"),
+        || session.context(),
+    );
+    let verbatim_deltas = deltas(&before, &hw_counters("rxe-a"));
+
+    // Renumbered: observe the live flow, wait for the client's next message, then replay the
+    // captured SEND at the next PSN.
+    let renumber = Injector::start(&observe_args(&["--replay", pcap_s]));
+    session.victim.op("send second genuine send");
+    let report = renumber.finish();
+    // RC delivers in order: had the verbatim replay been delivered, the captured message
+    // would show twice before the second genuine send.
+    let verbatim_delivered = session
+        .delivered("SEND received")
+        .iter()
+        .take_while(|s| s.2 != "second genuine send")
+        .filter(|s| s.2 == captured)
+        .count()
+        > 1;
+    let renumbered_delivered = session.wait_delivery_or_reaction("SEND received", &captured)
+        && session
+            .delivered("SEND received")
+            .iter()
+            .filter(|s| s.2 == captured)
+            .count()
+            == 2;
+    Replayed {
+        session,
+        captured,
+        verbatim_delivered,
+        verbatim_deltas,
+        report,
+        renumbered_delivered,
+    }
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn baseline_replay_of_a_captured_send_renumbered_to_the_next_psn_is_delivered_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = replay_attack(4562, BASELINE, dir.path());
+    let sends = r.session.delivered("SEND received");
+    eprintln!(
+        "replay: verbatim delivered {}, rxe-a counters {:?}; renumbered delivered {}; \
+         injected {:?}; server got {sends:?}",
+        r.verbatim_delivered, r.verbatim_deltas, r.renumbered_delivered, r.report.injected
+    );
+    // Verbatim, RC's PSN check stops it: a duplicate, acknowledged and dropped.
+    assert!(!r.verbatim_delivered, "{sends:?}");
+    assert!(
+        delta(&r.verbatim_deltas, "duplicate_request") >= 1,
+        "{:?}",
+        r.verbatim_deltas
+    );
+    // Renumbered, it is the client's message again.
+    assert!(r.renumbered_delivered, "{}", r.session.context());
+    assert_eq!(r.report.summary["renumbered"], true);
+    assert_eq!(r.report.injected.len(), 1);
+    assert_eq!(
+        r.report.injected[0]["psn"],
+        r.report.summary["flow"]["next_psn"]
+    );
+    assert_eq!(
+        sends,
+        [
+            (VICTIM.to_owned(), 1, r.captured.clone()),
+            (VICTIM.to_owned(), 2, "second genuine send".to_owned()),
+            (VICTIM.to_owned(), 3, r.captured.clone()),
+        ]
+    );
+    assert!(r.session.victim.quit_ok());
+}
+
+/// What the blind attack observed.
+struct Blind {
+    session: Session,
+    report: InjectReport,
+    /// Guesses the server delivered.
+    delivered: usize,
+    /// The client's acknowledgement of its next message.
+    next_ack: String,
+    /// Whether that next message reached the server.
+    next_delivered: bool,
+    /// Counter deltas on rxe-a and rxe-b over the attack and the next message.
+    deltas_a: BTreeMap<String, u64>,
+    deltas_b: BTreeMap<String, u64>,
+    /// veth-a's receive drops over the attack.
+    veth_a_rx_dropped: u64,
+}
+
+const BLIND_PAYLOAD: &str = "BLIND-GUESS";
+
+/// The off-path attack (issue 11, tests 5 and 6): `guesses` random PSNs at the session's QPN from an off-path attacker who knows
+/// the addresses and QPN (rxe allocates QPNs in order) but sees no traffic; then the client
+/// sends its next message.
+fn blind_attack(port: u16, flags: Flags<'_>, guesses: u32) -> Blind {
+    let mut session = Session::start(port, flags);
+    session.victim.op("send before the blind attack");
+    let veth_a_mac = std::fs::read_to_string("/sys/class/net/veth-a/address")
+        .expect("veth-a MAC")
+        .trim()
+        .to_owned();
+    let counters = Counters::read();
+    let dropped_before = secure_rdma_tests::netdev_counter("veth-a", "rx_dropped");
+    let qpn = session.server_qpn.to_string();
+    let guesses_s = guesses.to_string();
+    let report = Injector::start(&[
+        "--blind",
+        "--iface",
+        ATTACKER_IFACE,
+        "--src",
+        ADDR_B,
+        "--dst",
+        ADDR_A,
+        "--dst-mac",
+        &veth_a_mac,
+        "--qpn",
+        &qpn,
+        "--guesses",
+        &guesses_s,
+        "--send",
+        BLIND_PAYLOAD,
+        "--timeout",
+        "600",
+    ])
+    .finish();
+    // In order on the QP: once the next genuine message is delivered (or the client gave up),
+    // every guess before it was processed.
+    session.victim.command("send after the blind attack");
+    wait_until(
+        "the client's next send to be acknowledged or fail",
+        STEP,
+        || {
+            session.victim.acks().len() >= 2
+                || session
+                    .victim
+                    .err
+                    .snapshot()
+                    .iter()
+                    .any(|l| l.contains("secure-client:"))
+        },
+        || session.context(),
+    );
+    let next_ack = session.victim.acks().get(1).cloned().unwrap_or_default();
+    let sends = session.delivered("SEND received");
+    let delivered = sends.iter().filter(|s| s.2 == BLIND_PAYLOAD).count();
+    let next_delivered = sends.iter().any(|s| s.2 == "after the blind attack");
+    let (deltas_a, deltas_b) = counters.since();
+    let veth_a_rx_dropped =
+        secure_rdma_tests::netdev_counter("veth-a", "rx_dropped") - dropped_before;
+    Blind {
+        session,
+        report,
+        delivered,
+        next_ack,
+        next_delivered,
+        deltas_a,
+        deltas_b,
+        veth_a_rx_dropped,
+    }
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn baseline_blind_ten_thousand_psn_guesses_deliver_nothing_and_show_in_rxe_counters() {
+    const GUESSES: u32 = 10_000;
+    let b = blind_attack(4563, BASELINE, GUESSES);
+    let s = &b.report.summary;
+    eprintln!(
+        "blind: {} guesses at QPN {:#x} in {} ms ({:.0} packets/s, seed {}); delivered {}; \
+         client's next send: {:?} (delivered {}); rxe-a counters {:?}; rxe-b counters {:?}; \
+         veth-a rx_dropped +{}",
+        s["sent"],
+        b.session.server_qpn,
+        s["elapsed_ms"],
+        s["packets_per_sec"].as_f64().unwrap_or(0.0),
+        s["seed"],
+        b.delivered,
+        b.next_ack,
+        b.next_delivered,
+        b.deltas_a,
+        b.deltas_b,
+        b.veth_a_rx_dropped
+    );
+    assert_eq!(s["sent"].as_u64(), Some(u64::from(GUESSES)));
+    assert_eq!(b.report.injected.len(), GUESSES as usize);
+    assert!(b
+        .report
+        .injected
+        .iter()
+        .all(|i| i["dst_qpn"].as_u64() == Some(b.session.server_qpn)));
+    // One exact PSN out of 2^24: a hit has probability 10^4 / 2^24 = 0.06 %.
+    assert_eq!(b.delivered, 0);
+    // The session survives: the client's next message is delivered as its second.
+    assert!(b.next_delivered, "{}", b.session.context());
+    assert_eq!(
+        b.next_ack,
+        format!(
+            "server acknowledged send #2: {} bytes",
+            "after the blind attack".len()
+        )
+    );
+    // Detection: every guess reaches rxe-a (bar the veth's own drops). Half the PSN space is
+    // "behind" the expected PSN: each such guess is a duplicate request (about 5,000); a guess
+    // ahead is out of sequence, counted once until an in-order packet clears the NAK state.
+    let received = GUESSES as u64 - b.veth_a_rx_dropped;
+    assert!(
+        delta(&b.deltas_a, "rcvd_pkts") >= received,
+        "rcvd_pkts +{} < {received}: {:?}",
+        delta(&b.deltas_a, "rcvd_pkts"),
+        b.deltas_a
+    );
+    assert!(
+        delta(&b.deltas_a, "duplicate_request") >= received * 2 / 5,
+        "{:?}",
+        b.deltas_a
+    );
+    assert!(
+        delta(&b.deltas_a, "out_of_seq_request") >= 1,
+        "{:?}",
+        b.deltas_a
+    );
+    assert!(b.session.victim.quit_ok());
+}
