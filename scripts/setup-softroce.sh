@@ -13,6 +13,9 @@
 #   NAME netdev=IFACE port=1 state=ACTIVE roce_v2_gid_index=N gid=::ffff:A.B.C.D
 # Teardown line (stdout, one per removed device):
 #   NAME netdev=IFACE removed
+# Local-user restriction (--restrict-local / --unrestrict-local), one line:
+#   restrict-local on table=inet/secure_rdma_local rule="udp dport 4791 meta skuid != 0 counter drop"
+#   restrict-local off table=inet/secure_rdma_local
 # Everything else (progress, notes) goes to stderr and is silenced by --quiet;
 # errors are a single "setup-softroce: error: ..." line on stderr.
 #
@@ -27,8 +30,9 @@ PORT=1 # rxe devices have exactly one port
 
 usage() {
     cat <<'EOF'
-Usage: setup-softroce.sh [--netdev IFACE] [--name NAME] [--timeout SEC] [--quiet]
-       setup-softroce.sh --teardown [--netdev IFACE] [--name NAME] [--quiet]
+Usage: setup-softroce.sh [--netdev IFACE] [--name NAME] [--timeout SEC] [--restrict-local] [--quiet]
+       setup-softroce.sh --teardown [--netdev IFACE] [--name NAME] [--unrestrict-local] [--quiet]
+       setup-softroce.sh --restrict-local | --unrestrict-local [--quiet]
 
 Create a Soft-RoCE (rdma_rxe) device on a network interface, or reuse the one
 already there, then wait until its port is ACTIVE and the RoCEv2 GID of the
@@ -46,12 +50,27 @@ Options:
                   with --netdev (or without --name: the default-route
                   interface), every rxe device bound to that interface.
                   Removing what does not exist is not an error.
+  --restrict-local
+                  also (alone: only) add a firewall rule so that only root's
+                  sockets can send to UDP port 4791 (RoCEv2) from this host.
+                  Without it any local user can forge RoCEv2 packets into
+                  local (and remote) queue pairs with an ordinary UDP socket
+                  ("NeVerMore").  nftables table inet secure_rdma_local, one
+                  rule:  udp dport 4791 meta skuid != 0 counter drop
+                  rxe's own packets come from kernel sockets, which have no
+                  owner: `meta skuid` does not match them, so they pass.
+                  Needs root and nft (apt-get install nftables).  Idempotent.
+  --unrestrict-local
+                  also (alone: only) remove that rule (its table).
   --quiet, -q     print only the result line(s); errors are still reported
   --help, -h      show this help
 
 Output (stdout), one line per device:
   NAME netdev=IFACE port=1 state=ACTIVE roce_v2_gid_index=N gid=::ffff:A.B.C.D
   NAME netdev=IFACE removed                              (with --teardown)
+and one line for the local-user rule:
+  restrict-local on table=inet/secure_rdma_local rule="udp dport 4791 meta skuid != 0 counter drop"
+  restrict-local off table=inet/secure_rdma_local        (with --unrestrict-local)
 Use gid index N (e.g. `ibv_rc_pingpong -d NAME -g N`) to address the peer by
 its IPv4 address over RoCE v2.
 
@@ -65,6 +84,9 @@ Examples:
   sudo scripts/setup-softroce.sh                     # rxe0 on the default-route NIC
   sudo scripts/setup-softroce.sh --netdev veth-a --name rxe-a --quiet
   sudo scripts/setup-softroce.sh --teardown --name rxe-a
+  sudo scripts/setup-softroce.sh --restrict-local      # only root may send RoCEv2
+  sudo nft list table inet secure_rdma_local           # the rule and its drop counter
+  sudo scripts/setup-softroce.sh --unrestrict-local
 EOF
 }
 
@@ -86,6 +108,7 @@ NETDEV=""
 NAME=""
 TIMEOUT=10
 TEARDOWN=0
+RESTRICT="" # on | off
 while (($#)); do
     case $1 in
         --netdev | --name | --timeout)
@@ -101,6 +124,14 @@ while (($#)); do
         --name=*) NAME=${1#*=} && shift ;;
         --timeout=*) TIMEOUT=${1#*=} && shift ;;
         --teardown) TEARDOWN=1 && shift ;;
+        --restrict-local | --unrestrict-local)
+            want=on
+            [[ $1 == --unrestrict-local ]] && want=off
+            [[ -z $RESTRICT || $RESTRICT == "$want" ]] ||
+                usage_error "--restrict-local and --unrestrict-local exclude each other"
+            RESTRICT=$want
+            shift
+            ;;
         -q | --quiet) QUIET=1 && shift ;;
         -h | --help) usage && exit 0 ;;
         *) usage_error "unknown argument '$1'" ;;
@@ -110,6 +141,11 @@ NAME_GIVEN=0
 NETDEV_GIVEN=0
 [[ -n $NAME ]] && NAME_GIVEN=1
 [[ -n $NETDEV ]] && NETDEV_GIVEN=1
+# --restrict-local / --unrestrict-local alone touch the firewall only.
+DEVICE_ACTION=1
+if [[ -n $RESTRICT && $NAME_GIVEN == 0 && $NETDEV_GIVEN == 0 && $TEARDOWN == 0 ]]; then
+    DEVICE_ACTION=0
+fi
 NAME=${NAME:-rxe0}
 [[ $NAME =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$ ]] ||
     usage_error "invalid --name '$NAME' (letters, digits, '.', '_', '-'; at most 63 characters)"
@@ -382,8 +418,67 @@ setup() {
         "$dev" "$NETDEV" "$PORT" "$STATE" "$GID_INDEX" "$IPV4"
 }
 
-if [[ $TEARDOWN == 1 ]]; then
-    teardown
-else
-    setup
+# ---------------------------------------------------------------- local users
+# RoCEv2 is UDP to port 4791, and rxe (like a RoCE NIC) accepts any packet with
+# the right addresses, QPN, PSN and ICRC: a local user needs no privilege to
+# send one with an ordinary UDP socket.  This rule lets only root's sockets send
+# to that port.  rxe transmits through kernel sockets, which have no file and
+# so no owner: nftables' `meta skuid` finds no uid there and the rule does not
+# match (the expression "breaks"), so rxe's own traffic passes.  (iptables'
+# owner match would need a positive range, `--uid-owner 1-4294967294`: its
+# negated form `! --uid-owner 0` matches owner-less sockets and would drop rxe.)
+NFT_FAMILY=inet
+NFT_TABLE=secure_rdma_local
+NFT_RULE='udp dport 4791 meta skuid != 0 counter drop'
+
+require_nft() {
+    command -v nft >/dev/null 2>&1 ||
+        die "the 'nft' tool was not found: install nftables (apt-get install nftables)"
+}
+
+restrict_local() {
+    require_root "--restrict-local"
+    require_nft
+    local err=""
+    # One transaction: create the table if missing (so the delete cannot fail),
+    # delete it, and add it afresh; running it again leaves the same one rule.
+    if ! err=$(nft -f - 2>&1 <<NFT_EOF
+table $NFT_FAMILY $NFT_TABLE
+delete table $NFT_FAMILY $NFT_TABLE
+table $NFT_FAMILY $NFT_TABLE {
+    chain output {
+        type filter hook output priority filter; policy accept;
+        $NFT_RULE comment "only root may send RoCEv2 (setup-softroce.sh --restrict-local)"
+    }
+}
+NFT_EOF
+    ); then
+        die "adding the nftables rule failed: ${err//$'\n'/ } (is nf_tables available? try: modprobe nf_tables)"
+    fi
+    info "local users other than root can no longer send to UDP 4791; remove with --unrestrict-local"
+    [[ $QUIET == 1 ]] || nft list table "$NFT_FAMILY" "$NFT_TABLE" >&2 || true
+    printf 'restrict-local on table=%s/%s rule="%s"\n' "$NFT_FAMILY" "$NFT_TABLE" "$NFT_RULE"
+}
+
+unrestrict_local() {
+    require_root "--unrestrict-local"
+    require_nft
+    local err=""
+    if ! err=$(printf 'table %s %s\ndelete table %s %s\n' \
+        "$NFT_FAMILY" "$NFT_TABLE" "$NFT_FAMILY" "$NFT_TABLE" | nft -f - 2>&1); then
+        die "removing the nftables table $NFT_FAMILY $NFT_TABLE failed: ${err//$'\n'/ }"
+    fi
+    printf 'restrict-local off table=%s/%s\n' "$NFT_FAMILY" "$NFT_TABLE"
+}
+
+if [[ $DEVICE_ACTION == 1 ]]; then
+    if [[ $TEARDOWN == 1 ]]; then
+        teardown
+    else
+        setup
+    fi
 fi
+case $RESTRICT in
+    on) restrict_local ;;
+    off) unrestrict_local ;;
+esac

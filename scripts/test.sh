@@ -43,9 +43,10 @@ stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
 
 # ------------------------------------------------------------------ install
 # Build dependencies: cmake + clang/libclang for rdma-mummy-sys (bindgen),
-# clang/llvm/libbpf/bpftool for the eBPF programs, shellcheck for scripts.
+# clang/llvm/libbpf/bpftool for the eBPF programs, shellcheck for scripts, nftables for
+# setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it).
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
-            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark)
+            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()

@@ -77,4 +77,7 @@ fn telemetry_falls_back_to_in_process_counts_with_a_warning() {
         serde_json::from_str(fields["report"].as_str().expect("report")).expect("JSON report");
     assert_eq!(report["config"]["global"]["QP_COUNT"], 3);
     assert_eq!(report["live"]["QP"], 0);
+    // Port hardware counters come from sysfs through the same sampler, eBPF or not (none on
+    // a machine without RDMA devices).
+    assert!(report["hw_counters"].is_object(), "{report}");
 }

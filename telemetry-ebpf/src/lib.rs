@@ -6,6 +6,8 @@
 //! - [`capture`]: `rdma-capture`'s XDP/TC/rxe-probe capture, filters and output (decoding,
 //!   pcap files and QP following are the `roce` crate's);
 //! - [`monitor`]: `rdma-monitor`'s control-path probes and their counters and events;
+//! - [`hw_counters`]: the RDMA ports' hardware counters from sysfs (no eBPF), which show
+//!   packet injection and PSN guessing;
 //! - [`report`]: per-interval snapshots rendered as text, JSON and Prometheus metrics.
 //!
 //! Quota types, tenants, cgroup helpers and the admission collector are their own crates
@@ -13,6 +15,7 @@
 
 pub mod abi;
 pub mod capture;
+pub mod hw_counters;
 pub mod monitor;
 pub mod report;
 /// One ring-buffer wait shared by capture and monitor.

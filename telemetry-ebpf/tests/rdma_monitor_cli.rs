@@ -133,3 +133,100 @@ fn bad_input_is_an_error_naming_the_problem() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// A fake `/sys/class/infiniband` with two devices, one with two ports, and a broken file.
+fn fake_sysfs() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    for (port_dir, values) in [
+        (
+            "rxe-a/ports/1/hw_counters",
+            &[
+                ("rcvd_pkts", "42\n"),
+                ("out_of_seq_request", "3\n"),
+                ("lifespan", "10\n"),
+                ("rcvd_seq_err", "garbage\n"),
+            ][..],
+        ),
+        (
+            "mlx5_0/ports/1/hw_counters",
+            &[("out_of_sequence", "7\n")][..],
+        ),
+        (
+            "mlx5_0/ports/2/hw_counters",
+            &[("duplicate_request", "0\n")][..],
+        ),
+    ] {
+        let dir = root.path().join(port_dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, value) in values {
+            std::fs::write(dir.join(name), value).unwrap();
+        }
+    }
+    root
+}
+
+#[test]
+fn no_ebpf_reports_port_hw_counters_and_skips_a_broken_one() {
+    let root = fake_sysfs();
+    let root_arg = root.path().to_string_lossy().into_owned();
+    let out = rdma_monitor(&[
+        "--no-ebpf",
+        "--json",
+        "-i",
+        "0.1",
+        "--count",
+        "1",
+        "--hw-counters-root",
+        &root_arg,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reports: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let hw = &reports[0]["hw_counters"];
+    assert_eq!(
+        hw,
+        &serde_json::json!({
+            "rxe-a": {"1": {"rcvd_pkts": {"total": 42, "delta": 0},
+                            "out_of_seq_request": {"total": 3, "delta": 0}}},
+            "mlx5_0": {"1": {"out_of_sequence": {"total": 7, "delta": 0}},
+                       "2": {"duplicate_request": {"total": 0, "delta": 0}}},
+        })
+    );
+    assert_eq!(
+        reports[0]["hw_counters_skipped"],
+        serde_json::json!([{"path": "rxe-a/ports/1/hw_counters/rcvd_seq_err",
+                            "kind": "not_a_number", "reason": "not a number: \"garbage\""}])
+    );
+    assert_eq!(reports[0]["auth_failures"], serde_json::Value::Null);
+    // Logged once, not per report.
+    let err = stderr(&out);
+    assert_eq!(
+        err.matches("skipping a port hardware counter").count(),
+        1,
+        "{err}"
+    );
+
+    let out = rdma_monitor(&[
+        "--no-ebpf",
+        "-i",
+        "0.1",
+        "--count",
+        "1",
+        "--all-hw-counters",
+        "--hw-counters-root",
+        &root_arg,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "Port hardware counters:",
+        "  rxe-a/1 out_of_seq_request           +0 (total 3)  SECURITY",
+        "  rxe-a/1 rcvd_pkts                    +0 (total 42)",
+        "  skipped rxe-a/ports/1/hw_counters/rcvd_seq_err: not a number: \"garbage\"",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+    }
+    assert!(!text.contains("lifespan"), "{text}");
+}

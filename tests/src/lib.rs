@@ -6,6 +6,7 @@
 //! script runs them in the VM with `--include-ignored`. Inside, a missing lab
 //! is a test failure, never a skip.
 
+pub mod inject;
 pub mod secure;
 
 use std::path::{Path, PathBuf};

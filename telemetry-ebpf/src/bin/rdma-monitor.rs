@@ -13,8 +13,9 @@ use rdma_collector::Collector;
 use rdma_quota::tenant::TenantBy;
 use rdma_quota::wire::DEFAULT_SOCKET;
 use rdma_quota::{LimitSetting, QuotaConfig, Quotas};
+use telemetry_ebpf::hw_counters::{self, PortCounterReader};
 use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
-use telemetry_ebpf::report::{self, AttachReport, Sampler, Snapshot};
+use telemetry_ebpf::report::{self, AttachReport, Sampler, Snapshot, TextOptions};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -23,7 +24,10 @@ use tokio::sync::watch;
 /// live resources, calls per verb and per cgroup, calls per second.
 ///
 /// Prints a timestamped report every interval (text, or one JSON object per
-/// line with --json) and serves Prometheus metrics with --metrics. Thresholds
+/// line with --json) and serves Prometheus metrics with --metrics. Reports also
+/// carry every RDMA port's hardware counters from sysfs (totals and growth per
+/// interval; out-of-sequence and duplicate requests are how packet injection
+/// and PSN guessing show), with or without eBPF. Thresholds
 /// come from -c FILE ("QP_COUNT 1000", "MR_REG 200", "tenant alice QP_COUNT 4";
 /// 0 disables; '#' comments) and --limit. They are enforced on programs run
 /// with LD_PRELOAD=librdma_intercept.so through the collector socket
@@ -62,9 +66,15 @@ struct Args {
     /// Stop after this many reports.
     #[arg(long, value_name = "N")]
     count: Option<u64>,
-    /// Run without eBPF (collector and thresholds only), e.g. without root.
+    /// Run without eBPF (collector, thresholds and port hardware counters only), e.g. without root.
     #[arg(long, conflicts_with = "events")]
     no_ebpf: bool,
+    /// List every port hardware counter in text reports, not only those that changed.
+    #[arg(long)]
+    all_hw_counters: bool,
+    /// Read port hardware counters below DIR (laid out like /sys/class/infiniband).
+    #[arg(long, value_name = "DIR", default_value = hw_counters::SYSFS_ROOT)]
+    hw_counters_root: PathBuf,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -161,7 +171,11 @@ async fn run(args: Args) -> Result<()> {
 
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sampler = Sampler::new(Some(config));
+    let mut sampler = Sampler::new(Some(config))
+        .with_hw_counters(Some(PortCounterReader::at(&args.hw_counters_root)));
+    let text = TextOptions {
+        all_hw_counters: args.all_hw_counters,
+    };
     let started = Instant::now();
     // The first sample is the baseline of the first interval's rates.
     let mut take = |monitor: &Option<Monitor>| -> Result<Snapshot> {
@@ -182,7 +196,7 @@ async fn run(args: Args) -> Result<()> {
         tokio::select! {
             _ = ticker.tick() => {
                 let snapshot = take(&monitor)?;
-                emit(&snapshot, args.json, false);
+                emit(&snapshot, args.json, &text, false);
                 if let Some(tx) = &metrics {
                     tx.send_replace(report::render_prometheus(&snapshot));
                 }
@@ -217,7 +231,7 @@ async fn run(args: Args) -> Result<()> {
     let mut last = take(&monitor)?;
     // The final report covers the whole run.
     last.interval = started.elapsed();
-    emit(&last, args.json, true);
+    emit(&last, args.json, &text, true);
     for task in tasks {
         task.abort();
     }
@@ -236,7 +250,7 @@ async fn next_events(monitor: &mut Option<Monitor>) -> Result<Vec<telemetry_ebpf
     }
 }
 
-fn emit(snapshot: &Snapshot, json: bool, last: bool) {
+fn emit(snapshot: &Snapshot, json: bool, text: &TextOptions, last: bool) {
     if json {
         let mut v = report::render_json(snapshot);
         if last {
@@ -247,7 +261,7 @@ fn emit(snapshot: &Snapshot, json: bool, last: bool) {
         if last {
             println!("=== rdma-monitor final summary ===");
         }
-        print!("{}", report::render_text(snapshot));
+        print!("{}", report::render_text_with(snapshot, text));
         println!();
     }
 }

@@ -1,10 +1,12 @@
 //! The machine-readable report: one JSON object per interval.
 
+use std::collections::BTreeMap;
+
 use serde_json::{json, Map, Value};
 
 use rdma_quota::{Limits, QuotaConfig, Resource, Verb};
 
-use super::snapshot::Snapshot;
+use super::snapshot::{PortCounter, Snapshot};
 use super::timestamp::rfc3339;
 
 /// Renders one interval as a JSON object (write one per line for JSON Lines).
@@ -27,13 +29,32 @@ use super::timestamp::rfc3339;
 ///   "intercepted": [{"verb": "QP_CREATE", "scope": "alice", "key": "QP_COUNT",
 ///                    "limit": 2, "count": 5, "in_interval": 1}],
 ///   "lost_events": 3,
-///   "attach": [{"hook": "ib_create_qp", "kind": "kprobe", "attached": true, "reason": null}]
+///   "attach": [{"hook": "ib_create_qp", "kind": "kprobe", "attached": true, "reason": null}],
+///   "hw_counters": {                           // device -> port -> counter
+///     "rxe-a": {"1": {"out_of_seq_request": {"total": 1, "delta": 1},
+///                     "rcvd_pkts": {"total": 4711, "delta": 12}, ...}}
+///   },
+///   "hw_counters_skipped": [{"path": "rxe-a/ports/1/hw_counters/x",
+///                            "kind": "not_a_number", "reason": "not a number: \"garbage\""}],
+///   "auth_failures": null | {"alice": 2}       // per identity, since start
 /// }
 /// ```
 ///
 /// Verb and resource names are those of [`Verb::name`] and
 /// [`Resource::name`]; per-cgroup maps hold only what the cgroup reported. A
 /// rate that is not a finite number is `null`.
+///
+/// `hw_counters` holds every port hardware counter read from sysfs
+/// ([`crate::hw_counters`]) under the driver's name: `total` is the driver's
+/// count, `delta` its growth since the previous report (`null` when there was
+/// no earlier reading: the first report, a new device). The counters that show
+/// injection and PSN guessing are listed in
+/// [`SECURITY_COUNTERS`](crate::hw_counters::SECURITY_COUNTERS).
+/// `hw_counters_skipped` lists the counter files that could not be read, `kind`
+/// being `unreadable` or `not_a_number`. `auth_failures` counts the RDMA
+/// messages that failed authentication per identity; it is `null` when the
+/// reporting process does not count them (rdma-monitor on its own) and an
+/// object, maybe empty, when it does (secure-server --telemetry).
 pub fn render_json(snapshot: &Snapshot) -> Value {
     let s = snapshot;
     json!({
@@ -74,7 +95,30 @@ pub fn render_json(snapshot: &Snapshot) -> Value {
             "attached": a.attached,
             "reason": a.reason,
         })).collect::<Vec<_>>(),
+        "hw_counters": hw_counters_json(&s.hw_counters),
+        "hw_counters_skipped": s.hw_counters_skipped.iter().map(|k| json!({
+            "path": k.path,
+            "kind": k.reason.label(),
+            "reason": k.reason.to_string(),
+        })).collect::<Vec<_>>(),
+        "auth_failures": s.auth_failures,
     })
+}
+
+fn hw_counters_json(counters: &[PortCounter]) -> Value {
+    let mut devices: BTreeMap<&str, BTreeMap<String, Map<String, Value>>> = BTreeMap::new();
+    for c in counters {
+        devices
+            .entry(&c.device)
+            .or_default()
+            .entry(c.port.to_string())
+            .or_default()
+            .insert(
+                c.counter.clone(),
+                json!({"total": c.total, "delta": c.delta}),
+            );
+    }
+    json!(devices)
 }
 
 fn config_json(config: &QuotaConfig) -> Value {
@@ -141,6 +185,26 @@ mod tests {
             json!({"hook": "ib_uverbs_reg_mr", "kind": "kprobe", "attached": false,
                    "reason": "symbol not found"})
         );
+        assert_eq!(
+            v["hw_counters"]["rxe-a"],
+            json!({"1": {
+                "duplicate_request": {"total": 5, "delta": 2},
+                "out_of_seq_request": {"total": 1, "delta": 1},
+                "rcvd_pkts": {"total": 4711, "delta": 12},
+                "sent_pkts": {"total": 4700, "delta": 0},
+            }})
+        );
+        assert_eq!(
+            v["hw_counters"]["mlx5_0"]["1"]["packet_seq_err"],
+            json!({"total": 9, "delta": null})
+        );
+        assert_eq!(v["hw_counters"]["we\"ird\n"]["2"]["rcvd_pkts"]["total"], 1);
+        assert_eq!(
+            v["hw_counters_skipped"],
+            json!([{"path": "rxe-a/ports/1/hw_counters/rcvd_seq_err", "kind": "not_a_number",
+                    "reason": "not a number: \"garbage\""}])
+        );
+        assert_eq!(v["auth_failures"], json!({"alice": 2, "b\"o\\b\n": 1}));
     }
 
     #[test]
@@ -164,10 +228,16 @@ mod tests {
             "intercepted",
             "lost_events",
             "attach",
+            "hw_counters",
+            "hw_counters_skipped",
+            "auth_failures",
         ];
         expected.sort_unstable();
         assert_eq!(fields, expected);
         assert_eq!(v["config"], Value::Null);
+        assert_eq!(v["hw_counters"], json!({}));
+        assert_eq!(v["hw_counters_skipped"], json!([]));
+        assert_eq!(v["auth_failures"], Value::Null);
         assert_eq!(v["rates"]["QP_CREATE"], Value::Null);
         assert_eq!(v["live"]["MR"], 0);
     }

@@ -2,12 +2,15 @@
 //! JSON or Prometheus metrics, and served over HTTP for scraping.
 //!
 //! The snapshot gathers what the kernel programs counted (calls per verb and
-//! cgroup, live resources, lost events, attach results) and what quota
-//! enforcement counted ([`rdma_quota::Quotas::snapshot`]). The
+//! cgroup, live resources, lost events, attach results), what quota
+//! enforcement counted ([`rdma_quota::Quotas::snapshot`]), the ports' hardware
+//! counters ([`crate::hw_counters`]) and, when the process counts them, the RDMA
+//! messages that failed authentication per identity. The
 //! renderers are pure functions of it, so every output format shows the same
 //! interval:
 //!
-//! - [`render_text`]: sections for people, in the original monitor's layout;
+//! - [`render_text`]: sections for people, in the original monitor's layout
+//!   ([`render_text_with`] to list every hardware counter);
 //! - [`render_json`]: one object per interval, with a documented schema;
 //! - [`render_prometheus`]: the text exposition format, served by
 //!   [`serve_metrics`].
@@ -40,5 +43,5 @@ pub use http::{serve_metrics, CONTENT_TYPE};
 pub use json::render_json;
 pub use prometheus::render_prometheus;
 pub use sampler::Sampler;
-pub use snapshot::{AttachReport, CgroupStats, Interception, Snapshot};
-pub use text::render_text;
+pub use snapshot::{AttachReport, CgroupStats, Interception, PortCounter, Snapshot};
+pub use text::{render_text, render_text_with, TextOptions};

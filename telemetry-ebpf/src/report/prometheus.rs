@@ -6,10 +6,11 @@ use std::fmt::Write;
 use rdma_quota::{Resource, Verb};
 
 use super::snapshot::Snapshot;
+use crate::hw_counters::SkipReason;
 
 /// Renders one interval in the Prometheus text exposition format 0.0.4.
 ///
-/// Metrics, all prefixed `rdma_`:
+/// Metrics, prefixed `rdma_` (those of the secure server's own checks `secure_rdma_`):
 ///
 /// | metric | type | labels |
 /// |---|---|---|
@@ -23,6 +24,16 @@ use super::snapshot::Snapshot;
 /// | `rdma_intercepted_total` | counter | `verb`, `scope`, `key` |
 /// | `rdma_lost_events_total` | counter | |
 /// | `rdma_probe_attached` | gauge | `hook`, `kind` |
+/// | `rdma_port_hw_counter` | counter | `device`, `port`, `counter` |
+/// | `rdma_port_hw_counters_skipped` | gauge | `reason` (`unreadable`, `not_a_number`) |
+/// | `secure_rdma_auth_failures_total` | counter | `identity` |
+///
+/// `rdma_port_hw_counter` is every port hardware counter under the driver's own
+/// name (see [`crate::hw_counters`]; `rate()` gives what the text report's
+/// deltas show); `rdma_port_hw_counters_skipped` counts the counter files the
+/// last reading could not use. `secure_rdma_auth_failures_total` counts the
+/// RDMA messages that failed authentication per identity; it has samples only
+/// where they are counted (secure-server), never in rdma-monitor on its own.
 ///
 /// Every family has its `# HELP` and `# TYPE` lines even without samples.
 /// Label values are escaped as the format requires (`\\`, `\"`, `\n`).
@@ -160,6 +171,48 @@ pub fn render_prometheus(snapshot: &Snapshot) -> String {
         out.sample("rdma_probe_attached", &labels, u8::from(a.attached));
     }
 
+    out.family(
+        "rdma_port_hw_counter",
+        "counter",
+        "RDMA port hardware counters from sysfs, under the driver's names.",
+    );
+    for c in &s.hw_counters {
+        let port = c.port.to_string();
+        let labels = [
+            ("device", c.device.as_str()),
+            ("port", &port),
+            ("counter", c.counter.as_str()),
+        ];
+        out.sample("rdma_port_hw_counter", &labels, c.total);
+    }
+
+    out.family(
+        "rdma_port_hw_counters_skipped",
+        "gauge",
+        "Port hardware counter files the last reading could not use, by reason.",
+    );
+    for reason in SkipReason::LABELS {
+        let n = s
+            .hw_counters_skipped
+            .iter()
+            .filter(|k| k.reason.label() == reason)
+            .count();
+        out.sample("rdma_port_hw_counters_skipped", &[("reason", reason)], n);
+    }
+
+    out.family(
+        "secure_rdma_auth_failures_total",
+        "counter",
+        "RDMA messages that failed authentication (forged, replayed or corrupted), per identity.",
+    );
+    for (identity, n) in s.auth_failures.iter().flatten() {
+        out.sample(
+            "secure_rdma_auth_failures_total",
+            &[("identity", identity.as_str())],
+            n,
+        );
+    }
+
     out.text
 }
 
@@ -255,6 +308,16 @@ mod tests {
             "rdma_lost_events_total 3",
             "rdma_probe_attached{hook=\"ib_create_qp\",kind=\"kprobe\"} 1",
             "rdma_probe_attached{hook=\"ib_uverbs_reg_mr\",kind=\"kprobe\"} 0",
+            "# TYPE rdma_port_hw_counter counter",
+            "rdma_port_hw_counter{device=\"rxe-a\",port=\"1\",counter=\"out_of_seq_request\"} 1",
+            "rdma_port_hw_counter{device=\"rxe-a\",port=\"1\",counter=\"duplicate_request\"} 5",
+            "rdma_port_hw_counter{device=\"mlx5_0\",port=\"1\",counter=\"packet_seq_err\"} 9",
+            "rdma_port_hw_counter{device=\"mlx5_0\",port=\"1\",counter=\"out_of_sequence\"} 0",
+            "# TYPE rdma_port_hw_counters_skipped gauge",
+            "rdma_port_hw_counters_skipped{reason=\"unreadable\"} 0",
+            "rdma_port_hw_counters_skipped{reason=\"not_a_number\"} 1",
+            "# TYPE secure_rdma_auth_failures_total counter",
+            "secure_rdma_auth_failures_total{identity=\"alice\"} 2",
         ] {
             assert!(lines.contains(&expected), "missing {expected:?} in\n{text}");
         }
@@ -274,10 +337,19 @@ mod tests {
             lines(&text).contains(&expected),
             "missing {expected:?} in\n{text}"
         );
+        for expected in [
+            "rdma_port_hw_counter{device=\"we\\\"ird\\n\",port=\"2\",counter=\"rcvd_pkts\"} 1",
+            "secure_rdma_auth_failures_total{identity=\"b\\\"o\\\\b\\n\"} 1",
+        ] {
+            assert!(
+                lines(&text).contains(&expected),
+                "missing {expected:?} in\n{text}"
+            );
+        }
         // A raw newline inside a label would split a sample over two lines.
-        assert!(lines(&text)
-            .iter()
-            .all(|l| l.starts_with('#') || l.starts_with("rdma_")));
+        assert!(lines(&text).iter().all(|l| l.starts_with('#')
+            || l.starts_with("rdma_")
+            || l.starts_with("secure_rdma_")));
     }
 
     #[test]
@@ -296,7 +368,7 @@ mod tests {
                 assert!(series.insert(name.to_owned()), "duplicate series {name}");
             }
         }
-        assert_eq!(types.len(), 10);
+        assert_eq!(types.len(), 13);
         let unique: std::collections::BTreeSet<_> = types.iter().collect();
         assert_eq!(unique.len(), types.len());
         assert!(text.lines().any(|l| l

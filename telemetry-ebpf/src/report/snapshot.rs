@@ -5,6 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use rdma_quota::{QuotaConfig, Resource, Verb};
 
+use crate::hw_counters::{self, Skipped};
+
 /// One reporting interval of `rdma-monitor`: the input of every renderer.
 ///
 /// Counts of verbs are cumulative since the monitor started; `rates` and
@@ -53,6 +55,16 @@ pub struct Snapshot {
     pub lost_events: u64,
     /// How each kernel hook fared when attaching.
     pub attach: Vec<AttachReport>,
+    /// Every port hardware counter (see [`crate::hw_counters`]), sorted by device, port and
+    /// counter. Read from sysfs, so present with or without eBPF.
+    pub hw_counters: Vec<PortCounter>,
+    /// Counter files that could not be read for this interval, and why.
+    pub hw_counters_skipped: Vec<Skipped>,
+    /// RDMA messages that failed authentication (forged, replayed or corrupted), per
+    /// identity, since the counting process started; `None` when whoever builds the snapshot
+    /// does not count them (rdma-monitor on its own), `Some` (maybe empty) when it does
+    /// (secure-server, through [`Sampler::auth_failures_from`](super::Sampler::auth_failures_from)).
+    pub auth_failures: Option<BTreeMap<String, u64>>,
 }
 
 impl Snapshot {
@@ -70,7 +82,49 @@ impl Snapshot {
             intercepted: Vec::new(),
             lost_events: 0,
             attach: Vec::new(),
+            hw_counters: Vec::new(),
+            hw_counters_skipped: Vec::new(),
+            auth_failures: None,
         }
+    }
+}
+
+/// One port hardware counter at the end of an interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortCounter {
+    /// The RDMA device.
+    pub device: String,
+    /// The port number.
+    pub port: u32,
+    /// The counter's name, as the driver spells it.
+    pub counter: String,
+    /// Its value (the driver's count since the device was created).
+    pub total: u64,
+    /// How much it grew since the previous snapshot; `None` when there is no earlier reading
+    /// of it (the first snapshot, a device that just appeared). A counter that went down
+    /// (its device was re-created) counts from zero again, so the delta is its total.
+    pub delta: Option<u64>,
+}
+
+impl PortCounter {
+    /// Whether it is one of [`hw_counters::SECURITY_COUNTERS`].
+    ///
+    /// ```
+    /// use telemetry_ebpf::report::PortCounter;
+    ///
+    /// let c = PortCounter {
+    ///     device: "rxe-a".into(), port: 1, counter: "out_of_seq_request".into(),
+    ///     total: 1, delta: Some(1),
+    /// };
+    /// assert!(c.is_security_relevant() && c.changed());
+    /// ```
+    pub fn is_security_relevant(&self) -> bool {
+        hw_counters::is_security_counter(&self.counter)
+    }
+
+    /// Whether it moved during the interval.
+    pub fn changed(&self) -> bool {
+        self.delta.is_some_and(|d| d > 0)
     }
 }
 

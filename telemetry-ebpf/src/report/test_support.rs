@@ -5,7 +5,24 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use rdma_quota::{QuotaConfig, Resource, Verb};
 
-use super::snapshot::{AttachReport, CgroupStats, Interception, Snapshot};
+use super::snapshot::{AttachReport, CgroupStats, Interception, PortCounter, Snapshot};
+use crate::hw_counters::{SkipReason, Skipped};
+
+fn port_counter(
+    device: &str,
+    port: u32,
+    counter: &str,
+    total: u64,
+    delta: Option<u64>,
+) -> PortCounter {
+    PortCounter {
+        device: device.to_owned(),
+        port,
+        counter: counter.to_owned(),
+        total,
+        delta,
+    }
+}
 
 pub(crate) fn example() -> Snapshot {
     let config = QuotaConfig::parse(
@@ -88,5 +105,22 @@ pub(crate) fn example() -> Snapshot {
             reason: Some("symbol not found".to_owned()),
         },
     ];
+    s.hw_counters = vec![
+        port_counter("mlx5_0", 1, "out_of_sequence", 0, Some(0)),
+        port_counter("mlx5_0", 1, "packet_seq_err", 9, None),
+        port_counter("rxe-a", 1, "duplicate_request", 5, Some(2)),
+        port_counter("rxe-a", 1, "out_of_seq_request", 1, Some(1)),
+        port_counter("rxe-a", 1, "rcvd_pkts", 4711, Some(12)),
+        port_counter("rxe-a", 1, "sent_pkts", 4700, Some(0)),
+        port_counter("we\"ird\n", 2, "rcvd_pkts", 1, Some(1)),
+    ];
+    s.hw_counters_skipped = vec![Skipped {
+        path: "rxe-a/ports/1/hw_counters/rcvd_seq_err".to_owned(),
+        reason: SkipReason::NotANumber("garbage".to_owned()),
+    }];
+    s.auth_failures = Some(BTreeMap::from([
+        ("alice".to_owned(), 2),
+        ("b\"o\\b\n".to_owned(), 1),
+    ]));
     s
 }
