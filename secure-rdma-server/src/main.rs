@@ -26,7 +26,12 @@ mod telemetry {
 
     use secure_rdma::quota::Quotas;
 
-    pub async fn start(_: Quotas, _: Duration, _: Option<SocketAddr>) -> anyhow::Result<()> {
+    pub async fn start(
+        _: Quotas,
+        _: Duration,
+        _: Option<SocketAddr>,
+        _: secure_rdma::server::AuthFailures,
+    ) -> anyhow::Result<()> {
         anyhow::bail!(
             "--telemetry and --metrics need the `telemetry` feature, which this secure-server \
              was built without (rebuild: cargo build -p secure-rdma-server --features telemetry)"
@@ -74,7 +79,8 @@ struct Opts {
     /// Per-client buffer size in bytes: the largest send or write [default: 4096]
     #[arg(long, value_name = "BYTES")]
     buffer_size: Option<usize>,
-    /// Certificate directory (ca.pem, server.pem, server.key); created with a new CA when empty [default: certs]
+    /// Certificate directory (ca.pem, server.pem, server.key, and crl.pem if clients were
+    /// revoked), made by `secure-server certs init` [default: certs]
     #[arg(long, value_name = "DIR")]
     certs: Option<PathBuf>,
     /// Disconnect a client silent for this many seconds [default: 300]
@@ -210,9 +216,14 @@ enum Command {
 enum CertsCommand {
     /// Create a private CA and a server certificate
     Init {
-        /// Directory to write to (keys are written mode 0600)
+        /// The server's directory: server certificate and key, the CA certificate (keys are
+        /// written mode 0600)
         #[arg(long, default_value = "certs")]
         dir: PathBuf,
+        /// Where the CA key goes (mode 0700), away from the server's files: whoever reads it
+        /// can mint any identity [default: the sibling DIR-ca]
+        #[arg(long, value_name = "DIR")]
+        ca_dir: Option<PathBuf>,
         /// Server name or IP address the certificate is valid for; repeatable
         /// [default: localhost, 127.0.0.1, ::1 and every address of this host]
         #[arg(long = "san", value_name = "NAME")]
@@ -222,10 +233,37 @@ enum CertsCommand {
     Client {
         /// Identity: letters, digits, '-', '_', '.'
         name: String,
-        /// Directory holding the CA (ca.pem, ca.key)
+        /// The server's directory; NAME.pem and NAME.key are written there
         #[arg(long, default_value = "certs")]
         dir: PathBuf,
+        /// The CA directory (ca.pem, ca.key) [default: DIR-ca, else DIR]
+        #[arg(long, value_name = "DIR")]
+        ca_dir: Option<PathBuf>,
     },
+    /// Revoke client NAME's certificate: it is added to DIR/crl.pem, which a running server
+    /// reads again at its next handshake, so NAME is refused from then on
+    Revoke {
+        /// The identity to revoke
+        name: String,
+        /// The server's directory (holds NAME.pem; crl.pem is written there)
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// The CA directory (ca.pem, ca.key) [default: DIR-ca, else DIR]
+        #[arg(long, value_name = "DIR")]
+        ca_dir: Option<PathBuf>,
+    },
+}
+
+/// The CA directory: the one given, else DIR-ca, else DIR itself (the layout of `certs::init`).
+fn ca_dir_of(dir: &Path, given: Option<PathBuf>) -> PathBuf {
+    given.unwrap_or_else(|| {
+        let sibling = certs::default_ca_dir(dir);
+        if certs::ca_paths(&sibling).key.exists() {
+            sibling
+        } else {
+            dir.to_owned()
+        }
+    })
 }
 
 fn load_config(path: &Path) -> Result<Opts> {
@@ -236,13 +274,14 @@ fn load_config(path: &Path) -> Result<Opts> {
 
 fn certs_command(cmd: CertsCommand) -> Result<()> {
     match cmd {
-        CertsCommand::Init { dir, sans } => {
+        CertsCommand::Init { dir, ca_dir, sans } => {
             let sans = if sans.is_empty() {
                 certs::default_sans()
             } else {
                 sans
             };
-            let made = certs::init(&dir, &sans)?;
+            let ca_dir = ca_dir.unwrap_or_else(|| certs::default_ca_dir(&dir));
+            let made = certs::init_with_ca_dir(&dir, &ca_dir, &sans)?;
             println!(
                 "CA:     {} (key {})",
                 made.ca.cert.display(),
@@ -259,8 +298,18 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
                 dir.display()
             );
         }
-        CertsCommand::Client { name, dir } => {
-            let pair = certs::issue_client(&dir, &name)?;
+        CertsCommand::Revoke { name, dir, ca_dir } => {
+            let ca_dir = ca_dir_of(&dir, ca_dir);
+            let done = certs::revoke(&ca_dir, &dir, &name)?;
+            println!(
+                "revoked {name}: {} now lists {} certificate(s); a running server refuses {name} from its next handshake",
+                done.crl.display(),
+                done.count
+            );
+        }
+        CertsCommand::Client { name, dir, ca_dir } => {
+            let ca_dir = ca_dir_of(&dir, ca_dir);
+            let pair = certs::issue_client_from(&ca_dir, &dir, &name)?;
             println!(
                 "client {name}: {} (key {})",
                 pair.cert.display(),
@@ -324,19 +373,25 @@ async fn serve(flags: Opts) -> Result<()> {
         .unwrap_or_else(|| PathBuf::from("certs"));
     let ca = certs::ca_paths(&dir);
     let server = certs::server_paths(&dir);
-    if !ca.cert.exists() && !server.cert.exists() {
-        let made = certs::init(&dir, &certs::default_sans())
-            .with_context(|| format!("creating certificates in {}", dir.display()))?;
-        tracing::info!(
-            dir = %dir.display(),
-            sans = %made.sans.join(","),
-            "no certificates found: created a new CA and server certificate; issue client certificates with `secure-server certs client NAME --dir {}`",
-            dir.display()
-        );
-    } else if !server.cert.exists() || !ca.cert.exists() {
+    // Never invent a new CA: a typo in --certs would otherwise start a server that trusts
+    // nobody's existing certificates, silently.
+    let missing: Vec<String> = [&ca.cert, &server.cert, &server.key]
+        .into_iter()
+        .filter(|p| !p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !missing.is_empty() {
         bail!(
-            "{} is incomplete: it needs ca.pem, server.pem and server.key",
-            dir.display()
+            "no usable certificates in {dir}: missing {missing}. Create them with `secure-server certs init --dir {dir}`, \
+             then a client certificate with `secure-server certs client NAME --dir {dir}`",
+            dir = dir.display(),
+            missing = missing.join(", ")
+        );
+    }
+    if ca.key.exists() {
+        tracing::warn!(
+            key = %ca.key.display(),
+            "the CA key sits next to the server's files: whoever can read them can mint any client identity; keep it elsewhere (secure-server certs init --ca-dir)"
         );
     }
     let mut config = ServerConfig {
@@ -351,6 +406,7 @@ async fn serve(flags: Opts) -> Result<()> {
         ca: ca.cert,
         cert: server.cert,
         key: server.key,
+        crl: Some(certs::crl_path(&dir)),
         handshake_timeout: Duration::from_secs(
             flags
                 .handshake_timeout
@@ -385,7 +441,7 @@ async fn serve(flags: Opts) -> Result<()> {
                 .unwrap_or(10)
                 .max(1),
         );
-        telemetry::start(quotas, every, metrics).await?;
+        telemetry::start(quotas, every, metrics, config.auth_failures.clone()).await?;
     }
     let max = config.max_clients;
     let srv = Server::bind(config).await?;

@@ -6,13 +6,19 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use secure_rdma::quota::Quotas;
+use secure_rdma::server::AuthFailures;
 use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
 use telemetry_ebpf::report::{self, Sampler};
 use tokio::sync::watch;
 
 /// Starts the probes (when it can) and a task logging one report per `every`;
 /// serves Prometheus metrics at `metrics` if given.
-pub async fn start(quotas: Quotas, every: Duration, metrics: Option<SocketAddr>) -> Result<()> {
+pub async fn start(
+    quotas: Quotas,
+    every: Duration,
+    metrics: Option<SocketAddr>,
+    auth_failures: AuthFailures,
+) -> Result<()> {
     let options = MonitorOptions {
         events: false,
         ..MonitorOptions::default()
@@ -44,7 +50,10 @@ pub async fn start(quotas: Quotas, every: Duration, metrics: Option<SocketAddr>)
         None => None,
     };
     tokio::spawn(async move {
-        let mut sampler = Sampler::new(Some(quotas.config().clone()));
+        // Messages that failed authentication, per identity, next to the port counters that
+        // show the same injection from the device's side.
+        let mut sampler = Sampler::new(Some(quotas.config().clone()))
+            .auth_failures_from(move || auth_failures.snapshot());
         let mut ticker = tokio::time::interval(every);
         loop {
             ticker.tick().await;

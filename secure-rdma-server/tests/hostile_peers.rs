@@ -237,3 +237,117 @@ async fn descriptor_exhaustion_backs_off_instead_of_spinning() {
     let served = legit_client(certs.path(), server.port).await;
     assert!(served.is_ok(), "not served after the attack: {served:?}");
 }
+
+/// `secure-server certs ...` in `dir`'s parent.
+fn certs_cli(args: &[&str]) -> std::process::Output {
+    let bin = std::env::var("SECURE_SERVER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_secure-server").to_owned());
+    Command::new(bin)
+        .arg("certs")
+        .args(args)
+        .output()
+        .expect("run secure-server certs")
+}
+
+#[test]
+fn a_missing_certificate_directory_is_refused_with_the_fix() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let typo = root.path().join("cetrs");
+    let out = Command::new(env!("CARGO_BIN_EXE_secure-server"))
+        .args(["--listen", "127.0.0.1:0", "--certs"])
+        .arg(&typo)
+        .output()
+        .expect("run secure-server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no usable certificates"), "{err}");
+    assert!(err.contains("secure-server certs init --dir"), "{err}");
+    assert!(!typo.exists(), "the server created {}", typo.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certs_init_keeps_the_ca_key_apart_and_a_revoked_client_is_refused_at_tls() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("certs");
+    let d = dir.to_str().expect("utf-8");
+    let init = certs_cli(&["init", "--dir", d, "--san", "127.0.0.1"]);
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let ca_dir = root.path().join("certs-ca");
+    assert!(
+        !dir.join("ca.key").exists(),
+        "the CA key is in the server's directory"
+    );
+    assert!(ca_dir.join("ca.key").exists());
+    let mode = std::fs::metadata(&ca_dir)
+        .expect("ca dir")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o700, "CA directory mode {mode:o}");
+    for name in ["alice", "bob"] {
+        let out = certs_cli(&["client", name, "--dir", d]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let server = Server::start(&dir, 1024, &[]);
+    let connect = |name: &'static str| {
+        let dir = dir.clone();
+        let port = server.port;
+        async move {
+            let cfg = ClientConfig {
+                port,
+                ca: dir.join("ca.pem"),
+                identity: Some((
+                    dir.join(format!("{name}.pem")),
+                    dir.join(format!("{name}.key")),
+                )),
+                timeout: Duration::from_secs(20),
+                ..ClientConfig::new("127.0.0.1")
+            };
+            Client::connect(&cfg).await.map(|_| ())
+        }
+    };
+    // Before: bob gets through TLS (and is told the host has no RDMA).
+    assert!(matches!(
+        connect("bob").await,
+        Err(ClientError::Rejected(_))
+    ));
+
+    let out = certs_cli(&["revoke", "bob", "--dir", d]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("revoked bob"));
+    // The running server refuses him from the next handshake on, at TLS: nothing after it
+    // (admission, RDMA) ever happens for him.
+    match connect("bob").await {
+        Err(e @ ClientError::Tls(_)) => {
+            assert!(e.to_string().to_lowercase().contains("revoked"), "{e}");
+            assert_eq!(e.exit_code(), 4);
+        }
+        other => panic!("revoked client got {other:?}"),
+    }
+    // Everyone else is unaffected.
+    assert!(matches!(
+        connect("alice").await,
+        Err(ClientError::Rejected(_))
+    ));
+    let reloaded = server.count("revocation list (re)loaded");
+    assert!(reloaded >= 1, "the server did not reload the CRL");
+    // Revoking again keeps the list (no duplicate), revoking a stranger is a clear error.
+    let again = certs_cli(&["revoke", "bob", "--dir", d]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("lists 1 certificate"));
+    let nobody = certs_cli(&["revoke", "mallory", "--dir", d]);
+    assert!(!nobody.status.success());
+    assert!(String::from_utf8_lossy(&nobody.stderr).contains("no client certificate of that name"));
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn telemetry_falls_back_to_in_process_counts_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
+    secure_rdma::certs::init(&dir.path().join("certs"), &["localhost".to_owned()]).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
         .args([
             "--listen",

@@ -359,15 +359,13 @@ pub fn revoke(ca_dir: &Path, dir: &Path, name: &str) -> Result<Revoked, CertErro
         let pem = fs::read(&crl).map_err(io(&crl))?;
         let (_, parsed) =
             x509_parser::pem::parse_x509_pem(&pem).map_err(|_| parse_err(&crl, "CRL"))?;
-        let (_, old) = x509_parser::parse_x509_crl(&parsed.contents)
-            .map_err(|_| parse_err(&crl, "CRL"))?;
+        let (_, old) =
+            x509_parser::parse_x509_crl(&parsed.contents).map_err(|_| parse_err(&crl, "CRL"))?;
         for r in old.iter_revoked_certificates() {
             revoked.push(RevokedCertParams {
                 serial_number: SerialNumber::from_slice(r.raw_serial()),
-                revocation_time: OffsetDateTime::from_unix_timestamp(
-                    r.revocation_date.timestamp(),
-                )
-                .unwrap_or(now),
+                revocation_time: OffsetDateTime::from_unix_timestamp(r.revocation_date.timestamp())
+                    .unwrap_or(now),
                 reason_code: Some(RevocationReason::CessationOfOperation),
                 invalidity_date: None,
             });

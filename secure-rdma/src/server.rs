@@ -51,6 +51,10 @@ pub struct ServerConfig {
     pub cert: PathBuf,
     /// Server key.
     pub key: PathBuf,
+    /// Revoked client certificates (PEM CRL, `secure-server certs revoke`).
+    /// Read again whenever the file changes, so a revocation applies from
+    /// the next handshake on; `None` or a missing file revokes nothing.
+    pub crl: Option<PathBuf>,
     /// Limit for TLS + hello + RDMA setup of one client.
     pub handshake_timeout: Duration,
     /// A client silent this long is disconnected.
@@ -261,9 +265,21 @@ impl Devices {
     }
 }
 
+/// The TLS acceptor and the CRL it was built with.
+struct Tls {
+    acceptor: TlsAcceptor,
+    /// Modification time and length of the CRL file it read; `None` when there was none.
+    crl_stamp: Option<(std::time::SystemTime, u64)>,
+}
+
+fn crl_stamp(path: Option<&std::path::Path>) -> Option<(std::time::SystemTime, u64)> {
+    let meta = std::fs::metadata(path?).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
 struct Shared {
     config: ServerConfig,
-    acceptor: TlsAcceptor,
+    tls: Mutex<Tls>,
     devices: Devices,
     slots: Arc<Semaphore>,
     /// Connections not yet admitted, in all and per source address.
@@ -308,6 +324,7 @@ impl Server {
     ///     ca: "certs/ca.pem".into(),
     ///     cert: "certs/server.pem".into(),
     ///     key: "certs/server.key".into(),
+    ///     crl: Some("certs/crl.pem".into()),
     ///     handshake_timeout: Duration::from_secs(10),
     ///     idle_timeout: Duration::from_secs(300),
     ///     quotas: None,
@@ -332,7 +349,14 @@ impl Server {
                 config.buffer_size
             )));
         }
-        let tls = tls::server_config(&config.ca, &config.cert, &config.key)?;
+        let crl = config.crl.as_deref();
+        let crl_stamp = crl_stamp(crl);
+        let tls = tls::server_config_with_crl(
+            &config.ca,
+            &config.cert,
+            &config.key,
+            crl.filter(|_| crl_stamp.is_some()),
+        )?;
         let fixed = match &config.device {
             Some(name) => Some(Device::open(Some(name))?),
             None if config.gid_index.is_some() => Some(Device::open(None)?),
@@ -366,7 +390,10 @@ impl Server {
                 gid_index: config.gid_index,
                 cache: Mutex::new(HashMap::new()),
             },
-            acceptor: TlsAcceptor::from(tls),
+            tls: Mutex::new(Tls {
+                acceptor: TlsAcceptor::from(tls),
+                crl_stamp,
+            }),
             config,
         };
         Ok(Server {
@@ -492,6 +519,32 @@ pub fn render(bytes: &[u8]) -> String {
     }
 }
 
+impl Shared {
+    /// The TLS acceptor for a new connection, rebuilt first if the CRL file changed: a
+    /// revocation applies from the next handshake on, without a restart.
+    fn acceptor(&self) -> TlsAcceptor {
+        let cfg = &self.config;
+        let mut tls = self.tls.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = crl_stamp(cfg.crl.as_deref());
+        if stamp != tls.crl_stamp {
+            let crl = cfg.crl.as_deref().filter(|_| stamp.is_some());
+            match tls::server_config_with_crl(&cfg.ca, &cfg.cert, &cfg.key, crl) {
+                Ok(config) => {
+                    tls.acceptor = TlsAcceptor::from(config);
+                    tls.crl_stamp = stamp;
+                    tracing::info!(crl = ?crl, "certificate revocation list (re)loaded");
+                }
+                // Keep the revocations already in force rather than drop them all.
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "the CRL changed but cannot be read; keeping the previous one"
+                ),
+            }
+        }
+        tls.acceptor.clone()
+    }
+}
+
 /// A connection that is not admitted yet: counted against the pending limits until dropped.
 struct Pending {
     _permit: OwnedSemaphorePermit,
@@ -606,8 +659,8 @@ async fn serve(
         }
     };
     let _ = conn.set_nodelay(true);
-    let tls = match tokio::time::timeout(cfg.handshake_timeout, shared.acceptor.accept(conn)).await
-    {
+    let acceptor = shared.acceptor();
+    let tls = match tokio::time::timeout(cfg.handshake_timeout, acceptor.accept(conn)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             tracing::warn!(%peer, error = %e, "TLS handshake failed: client refused");

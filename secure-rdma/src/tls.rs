@@ -116,8 +116,28 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Server configuration: TLS 1.3 only, client certificates from `ca`
 /// required.
 pub fn server_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider()).build()?;
+    server_config_with_crl(ca, cert, key, None)
+}
+
+/// [`server_config`] that also refuses client certificates listed in the CRL
+/// file `crl` (PEM, from `secure-server certs revoke`).
+pub fn server_config_with_crl(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    crl: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+    if let Some(path) = crl {
+        use rustls::pki_types::CertificateRevocationListDer;
+        let crls = CertificateRevocationListDer::pem_file_iter(path)
+            .map_err(|e| pem_err(path, e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| pem_err(path, e))?;
+        // Our CA signs only end-entity certificates, and only its own CRL exists.
+        builder = builder.with_crls(crls).only_check_end_entity_revocation();
+    }
+    let verifier = builder.build()?;
     let config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
