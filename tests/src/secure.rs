@@ -123,6 +123,11 @@ pub fn bin(name: &str) -> PathBuf {
 impl ServerProc {
     /// Starts `secure-server` on 10.77.0.1:`port` and waits until it is ready.
     pub fn start(pki: &Pki, port: u16, extra: &[&str]) -> ServerProc {
+        ServerProc::start_with_log(pki, port, extra, "info,secure_rdma=debug")
+    }
+
+    /// [`ServerProc::start`] with `RUST_LOG` set to `filter`.
+    pub fn start_with_log(pki: &Pki, port: u16, extra: &[&str], filter: &str) -> ServerProc {
         let mut child = Command::new(bin("secure-server"))
             .args([
                 "--listen",
@@ -133,7 +138,7 @@ impl ServerProc {
             ])
             .arg(pki.dir())
             .args(extra)
-            .env("RUST_LOG", "info,secure_rdma=debug")
+            .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -197,3 +197,78 @@ fn a_killed_server_is_reported_and_the_client_reconnects_when_it_is_back() {
         .count();
     println!("{attempts} failed reconnection attempts logged while the server was down");
 }
+
+/// Soak cycles: `SOAK_CYCLES` (default 10,000), in one process.
+fn soak_cycles() -> u64 {
+    std::env::var("SOAK_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000)
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn soak_ten_thousand_in_process_sessions_leave_nothing_behind_and_flat_rss() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["soak".to_owned()]);
+    // Quiet logs: 20,000 connect/gone lines would only measure the log collector.
+    let server = ServerProc::start_with_log(
+        &pki,
+        4605,
+        &["--max-clients", "16"],
+        "warn,secure_server=info",
+    );
+    let cycles = soak_cycles();
+    let every = (cycles / 10).max(1);
+    let mut child = Command::new(bin("soak-client"))
+        .arg(ADDR_A)
+        .args([
+            "--port",
+            &server.port.to_string(),
+            "--name",
+            "soak",
+            "--certs",
+        ])
+        .arg(pki.dir())
+        .args([
+            "--cycles",
+            &cycles.to_string(),
+            "--every",
+            &every.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn soak-client");
+    let out = Lines::collect(child.stdout.take().expect("stdout"));
+    // Server RSS after the first tenth (allocator warmed up) and at the end.
+    out.wait_for("first progress", 1, Duration::from_secs(1800), |l| {
+        l.contains("\"cycles\"")
+    });
+    let rss_warm = server.rss_kib();
+    let done = wait_with_deadline(child, Duration::from_secs(3600), "soak-client");
+    assert!(done.status.success(), "soak failed: {}", text(&done.stdout));
+    let rss_end = server.rss_kib();
+    let summary = text(&done.stdout)
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .expect("summary line");
+    assert_eq!(summary["cycles"].as_u64(), Some(cycles), "{summary}");
+    let left = secure_rdma_tests::secure::wait_resources(server.pid(), 0, STEP);
+    println!(
+        "soak: {cycles} sessions in {:.0} s ({:.1} ms each); server RSS {rss_warm} KiB after \
+         {every} -> {rss_end} KiB after {cycles}; client RSS at the end {} KiB; left: {left:?}",
+        summary["secs"].as_f64().unwrap_or(0.0),
+        summary["per_cycle_ms"].as_f64().unwrap_or(0.0),
+        summary["rss_kib"]
+    );
+    assert!(left.is_empty(), "{left:?}");
+    // Flat: a leak of even 1 KiB per session would add ~10 MB here.
+    assert!(
+        rss_end <= rss_warm + 4 * 1024,
+        "server RSS grew from {rss_warm} KiB to {rss_end} KiB"
+    );
+}
