@@ -137,6 +137,16 @@ pub enum ClientError {
         /// Our limit.
         max: usize,
     },
+    /// The server acknowledged an operation this client did not make: a
+    /// message was forged into the session (possible only without payload
+    /// protection). The session cannot be trusted any more.
+    #[error("the server acknowledged operation #{acked}, but this client made {made}: an RDMA message was forged into this session (payload protection is off)")]
+    Forged {
+        /// The sequence number the server acknowledged.
+        acked: u64,
+        /// Operations this client made in the session.
+        made: u64,
+    },
     /// Anything else in the protocol or on the RDMA path.
     #[error(transparent)]
     Session(SessionError),
@@ -155,7 +165,7 @@ impl ClientError {
             ClientError::Unreachable { .. } => 5,
             ClientError::Device(_) => 6,
             ClientError::Confirm(_) => 7,
-            ClientError::Session(_) => 8,
+            ClientError::Session(_) | ClientError::Forged { .. } => 8,
             ClientError::Unprotected { .. } | ClientError::BufferTooLarge { .. } => 9,
         }
     }
@@ -166,7 +176,9 @@ impl ClientError {
     /// what a retry cannot fix: certificates, rejections, configuration.
     pub fn is_session_lost(&self) -> bool {
         match self {
-            ClientError::Unreachable { .. } | ClientError::TlsIo(_) => true,
+            ClientError::Unreachable { .. }
+            | ClientError::TlsIo(_)
+            | ClientError::Forged { .. } => true,
             ClientError::Session(SessionError::Handshake(h))
             | ClientError::Confirm(SessionError::Handshake(h)) => {
                 matches!(
@@ -288,6 +300,9 @@ pub use crate::handshake::Ack;
 pub struct Client {
     // Drop order: the RDMA session before the TLS channel.
     session: Session,
+    /// Operations made in this session; the server numbers its
+    /// acknowledgements the same way.
+    ops: u64,
     chan: Channel<TlsStream<TcpStream>>,
     identity: String,
     device: Arc<Device>,
@@ -435,6 +450,7 @@ impl Client {
             })?;
         Ok(Client {
             session,
+            ops: 0,
             chan,
             identity,
             device,
@@ -475,6 +491,15 @@ impl Client {
                 ))
             })?
             .map_err(tls_or)?;
+        self.ops += 1;
+        // The server numbers what it received; a number ahead of ours means it received
+        // something we never sent.
+        if ack.seq != self.ops {
+            return Err(ClientError::Forged {
+                acked: ack.seq,
+                made: self.ops,
+            });
+        }
         if ack.op != op {
             return Err(ClientError::Session(SessionError::WrongAck {
                 sent: op,
@@ -506,7 +531,15 @@ impl Client {
     /// broke. Cancel-safe: select on it between operations to notice a lost
     /// session before the next command.
     pub async fn closed(&mut self) -> Result<Option<AbortReason>, ClientError> {
-        self.chan.expect_close().await.map_err(tls_or)
+        match self.chan.expect_close().await {
+            // An acknowledgement while we made no operation: the server received a message
+            // we never sent.
+            Err(HandshakeError::Unexpected { got: Kind::Ack, .. }) => Err(ClientError::Forged {
+                acked: self.ops + 1,
+                made: self.ops,
+            }),
+            other => other.map_err(tls_or),
+        }
     }
 
     /// Says bye, waits briefly for the server's bye, and frees everything.

@@ -249,10 +249,15 @@ fn soak_ten_thousand_in_process_sessions_leave_nothing_behind_and_flat_rss() {
     });
     let rss_warm = server.rss_kib();
     let done = wait_with_deadline(child, Duration::from_secs(3600), "soak-client");
-    assert!(done.status.success(), "soak failed: {}", text(&done.stdout));
+    assert!(
+        done.status.success(),
+        "soak failed: {}",
+        out.snapshot().join("\n")
+    );
     let rss_end = server.rss_kib();
-    let summary = text(&done.stdout)
-        .lines()
+    // stdout was read by the collector: the last line is the summary.
+    let summary = out
+        .snapshot()
         .last()
         .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .expect("summary line");
