@@ -174,3 +174,24 @@ pub fn wait_listening(port: u16) -> bool {
     }
     false
 }
+
+/// The library client settings of a lab program acting as client `name` of the server at
+/// `host:port`, with the certificates of `certs` (as `secure-client --certs DIR --name NAME`).
+pub fn lab_client_config(
+    host: &str,
+    port: u16,
+    certs: &Path,
+    name: &str,
+    timeout: Duration,
+) -> secure_rdma::client::ClientConfig {
+    secure_rdma::client::ClientConfig {
+        port,
+        ca: certs.join("ca.pem"),
+        identity: Some((
+            certs.join(format!("{name}.pem")),
+            certs.join(format!("{name}.key")),
+        )),
+        timeout,
+        ..secure_rdma::client::ClientConfig::new(host)
+    }
+}

@@ -994,85 +994,65 @@ impl Session {
     }
 }
 
-#[test]
-#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
-fn protected_on_path_forged_send_is_rejected_torn_down_and_the_client_reconnects() {
-    let mut run = on_path(
-        4564,
-        PROTECTED,
-        "send hello from the real client",
-        ["--send", FORGED_SEND],
-    );
-    check_injection(&run, "RC SEND Only");
+/// Issue 11, tests 2 and 4: an on-path forgery (`inject`) after one genuine `verb` ("send" or
+/// "write"), with payload protection on. Nothing forged is delivered, the server reacts in full
+/// ([`Session::rejected_and_recovered`]), and the client's next `verb` is delivered as the first
+/// operation of its new session.
+fn forged_and_rejected(port: u16, verb: &str, inject: [&str; 2], opcode: &str) -> OnPath {
+    let genuine = format!("genuine {verb} of the client");
+    let mut run = on_path(port, PROTECTED, &format!("{verb} {genuine}"), inject);
+    check_injection(&run, opcode);
     assert!(
         !run.delivered,
-        "forged SEND delivered\n{}",
+        "forged {verb} delivered\n{}",
         run.session.context()
     );
     run.session.rejected_and_recovered(1);
-    // The client's next send is delivered, as the first message of its new session.
-    let ack = run.session.victim.op("send after the forgery");
+    let next = format!("{verb} after the forgery");
+    let ack = run.session.victim.op(&next);
     assert_eq!(
         ack,
         format!(
-            "server acknowledged send #1: {} bytes",
+            "server acknowledged {verb} #1: {} bytes",
             "after the forgery".len()
         )
     );
+    let kind = if verb == "send" {
+        "SEND received"
+    } else {
+        "WRITE landed"
+    };
     let contents: Vec<String> = run
         .session
-        .delivered("SEND received")
+        .delivered(kind)
         .into_iter()
         .map(|s| s.2)
         .collect();
-    assert_eq!(
-        contents,
-        ["hello from the real client", "after the forgery"]
-    );
+    assert_eq!(contents, [genuine.as_str(), "after the forgery"]);
     let (d_a, _) = run.counters.since();
-    eprintln!(
-        "protected, forged SEND: 0 delivered, session torn down and re-established; rxe-a {d_a:?}"
-    );
+    eprintln!("protected, forged {verb}: 0 delivered, session torn down and re-established; rxe-a {d_a:?}");
+    run
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn protected_on_path_forged_send_is_rejected_torn_down_and_the_client_reconnects() {
+    let run = forged_and_rejected(4564, "send", ["--send", FORGED_SEND], "RC SEND Only");
     assert!(run.session.victim.quit_ok());
 }
 
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn protected_forged_write_with_immediate_is_rejected_and_addresses_are_zero_based() {
-    let mut run = on_path(
+    let run = forged_and_rejected(
         4566,
-        PROTECTED,
-        "write genuine bytes of the client",
+        "write",
         ["--write-imm", FORGED_WRITE],
+        "RC RDMA WRITE Only with Immediate",
     );
-    check_injection(&run, "RC RDMA WRITE Only with Immediate");
     // The observed address is the region's offset, not a heap address (ReDMArk).
-    let write = run.report.summary["flow"]["write"].clone();
+    let write = &run.report.summary["flow"]["write"];
     assert_eq!(write["va"].as_u64(), Some(0), "{write}");
-    assert!(
-        !run.delivered,
-        "forged WRITE delivered\n{}",
-        run.session.context()
-    );
-    run.session.rejected_and_recovered(1);
-    let ack = run.session.victim.op("write after the forgery");
-    assert_eq!(
-        ack,
-        format!(
-            "server acknowledged write #1: {} bytes",
-            "after the forgery".len()
-        )
-    );
-    let contents: Vec<String> = run
-        .session
-        .delivered("WRITE landed")
-        .into_iter()
-        .map(|s| s.2)
-        .collect();
-    assert_eq!(
-        contents,
-        ["genuine bytes of the client", "after the forgery"]
-    );
     assert!(run.session.victim.quit_ok());
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use secure_rdma::client::{Client, ClientConfig};
+use secure_rdma::client::Client;
 
 /// Misbehaving secure-client for the lab: sends without ever reading acknowledgements.
 #[derive(Debug, Parser)]
@@ -39,16 +39,13 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let cfg = ClientConfig {
-        port: args.port,
-        ca: args.certs.join("ca.pem"),
-        identity: Some((
-            args.certs.join(format!("{}.pem", args.name)),
-            args.certs.join(format!("{}.key", args.name)),
-        )),
-        timeout: Duration::from_secs(args.timeout),
-        ..ClientConfig::new(&args.host)
-    };
+    let cfg = secure_rdma_tests::lab_client_config(
+        &args.host,
+        args.port,
+        &args.certs,
+        &args.name,
+        Duration::from_secs(args.timeout),
+    );
     let mut client = Client::connect(&cfg).await?;
     println!("{}", serde_json::json!({"connected": true}));
     let started = Instant::now();

@@ -61,16 +61,13 @@ async fn cycle(cfg: &ClientConfig, n: u64) -> Result<()> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let cfg = ClientConfig {
-        port: args.port,
-        ca: args.certs.join("ca.pem"),
-        identity: Some((
-            args.certs.join(format!("{}.pem", args.name)),
-            args.certs.join(format!("{}.key", args.name)),
-        )),
-        timeout: Duration::from_secs(30),
-        ..ClientConfig::new(&args.host)
-    };
+    let cfg = secure_rdma_tests::lab_client_config(
+        &args.host,
+        args.port,
+        &args.certs,
+        &args.name,
+        Duration::from_secs(30),
+    );
     let started = Instant::now();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
