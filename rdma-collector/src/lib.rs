@@ -98,7 +98,7 @@ pub use users::user_name;
 
 use std::future::Future;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
@@ -113,7 +113,7 @@ use rdma_quota::Quotas;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::UCred;
 use tokio::net::UnixStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use activity::{count, Activity, Noisy};
@@ -370,6 +370,7 @@ impl Collector {
             registry: Arc::new(Mutex::new(Registry::new(bounds))),
             activity: Arc::new(Activity::default()),
             identifying: Semaphore::new(IDENTIFYING),
+            task_ended: Notify::new(),
         });
         tracing::info!(
             socket = %path.display(),
@@ -397,6 +398,19 @@ impl Collector {
                     Ok((stream, _)) => {
                         backoff = Duration::ZERO;
                         admit_connection(stream, &shared, &mut tasks);
+                        // Connections closed to make room still hold their
+                        // descriptors until their tasks run: accept no faster
+                        // than they go, or a burst fills the table anyway.
+                        // CLOSING_SLACK of the reserved descriptors absorb them.
+                        let limit = bounds.max_connections + CLOSING_SLACK;
+                        let deadline = Instant::now() + Duration::from_millis(100);
+                        while shared.registry().held() > limit && Instant::now() < deadline {
+                            let _ = tokio::time::timeout_at(
+                                deadline.into(),
+                                shared.task_ended.notified(),
+                            )
+                            .await;
+                        }
                     }
                     Err(e) => {
                         count(&shared.activity.accept_errors);
@@ -404,27 +418,36 @@ impl Collector {
                             matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
                         let made_room = fd_pressure
                             && shared.registry().evict(Instant::now(), None);
-                        if made_room {
+                        let answered = if made_room {
                             count(&shared.activity.evicted);
-                        } else if fd_pressure {
-                            refuse_with_spare(&listener, &mut spare).await;
-                        }
+                            false
+                        } else {
+                            fd_pressure && refuse_with_spare(&listener, &mut spare).await
+                        };
                         if let Some(suppressed) = shared.activity.allow(Noisy::Accept) {
                             tracing::warn!(
                                 error = %e,
                                 made_room,
+                                answered_on_spare = answered,
                                 suppressed,
                                 "accept failed; serving the connections we have"
                             );
                         }
-                        // Retry soon after making room (the closed connection's
-                        // descriptor is freed by its task); back off otherwise.
-                        backoff = if made_room {
+                        // Each pass that made room or answered a newcomer made
+                        // progress (and a pass only comes with a pending
+                        // connection): go on at once, or after the closed
+                        // connection's task has freed its descriptor. Back off
+                        // only when nothing could be done, without spinning.
+                        backoff = if answered {
+                            Duration::ZERO
+                        } else if made_room {
                             Duration::from_millis(5)
                         } else {
                             (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1))
                         };
-                        tokio::time::sleep(backoff).await;
+                        if !backoff.is_zero() {
+                            tokio::time::sleep(backoff).await;
+                        }
                     }
                 },
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
@@ -451,12 +474,24 @@ impl Collector {
     }
 }
 
+/// What a connection closed to make room before it was ever answered hears.
+const MADE_ROOM: &str = "the collector closed this connection to make room for another \
+                         (connection or descriptor limit reached); try again later";
+
+/// How long a reply may take to write: a client reads each reply before it
+/// asks again, so only one that stopped reading takes longer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often the activity summary is logged (when something happened).
 const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 /// Identifications (reading `/proc`, asking the user database) at once; each
 /// holds a few descriptors for a moment.
 const IDENTIFYING: usize = 8;
+
+/// Connections closed to make room whose tasks have not ended yet may hold
+/// this many descriptors beyond `max_connections` (out of [`RESERVED_FDS`]).
+const CLOSING_SLACK: usize = 16;
 
 /// Descriptors kept out of `max_connections`: stdio, the listener, the
 /// runtime's, the spare, and those identifications hold.
@@ -495,17 +530,42 @@ fn spare_fd() -> Option<std::fs::File> {
 /// The descriptor table is full and no connection can be closed: accept one
 /// pending connection on the spare descriptor, tell it why, and close it, so
 /// that programs get an answer instead of waiting in the backlog.
-async fn refuse_with_spare(listener: &tokio::net::UnixListener, spare: &mut Option<std::fs::File>) {
+/// True if one was answered.
+async fn refuse_with_spare(
+    listener: &tokio::net::UnixListener,
+    spare: &mut Option<std::fs::File>,
+) -> bool {
     if spare.take().is_none() {
-        return;
+        *spare = spare_fd();
+        return false;
     }
+    let mut answered = false;
     if let Ok(Ok((stream, _))) =
         tokio::time::timeout(Duration::from_millis(10), listener.accept()).await
     {
         let reply = Reply::Err("the collector is out of file descriptors; try again later".into());
-        let _ = stream.try_write(reply.to_line().as_bytes());
+        say(&stream, &reply);
+        answered = true;
     }
     *spare = spare_fd();
+    answered
+}
+
+/// Writes one short reply to a connection about to be closed, without
+/// waiting: it fits in a new connection's empty socket buffer. (tokio's
+/// `try_write` would refuse until the runtime has seen the socket writable.)
+fn say(stream: &UnixStream, reply: &Reply) {
+    let line = reply.to_line();
+    // SAFETY: `line` is valid for its length; MSG_DONTWAIT never blocks and
+    // MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE.
+    let _ = unsafe {
+        libc::send(
+            stream.as_raw_fd(),
+            line.as_ptr().cast(),
+            line.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
 }
 
 fn log_summary(shared: &Shared) {
@@ -557,6 +617,8 @@ struct Shared {
     registry: Arc<Mutex<Registry>>,
     activity: Arc<Activity>,
     identifying: Semaphore,
+    /// Signalled when a connection's task ends and frees its descriptor.
+    task_ended: Notify,
 }
 
 impl Shared {
@@ -580,9 +642,10 @@ fn admit_connection(stream: UnixStream, shared: &Arc<Shared>, tasks: &mut JoinSe
     match opened {
         Ok(opened) => {
             count(&shared.activity.connected);
-            if opened.evicted {
-                count(&shared.activity.evicted);
-            }
+            shared
+                .activity
+                .evicted
+                .fetch_add(opened.evicted, Ordering::Relaxed);
             tasks.spawn(serve(stream, cred, opened, Arc::clone(shared)));
         }
         Err(refused) => {
@@ -591,8 +654,7 @@ fn admit_connection(stream: UnixStream, shared: &Arc<Shared>, tasks: &mut JoinSe
             if let Some(suppressed) = shared.activity.allow(Noisy::Refused) {
                 tracing::warn!(uid, reason = %reason, suppressed, "connection refused");
             }
-            // One short line into an empty socket buffer: never blocks.
-            let _ = stream.try_write(Reply::Err(reason).to_line().as_bytes());
+            say(&stream, &Reply::Err(reason));
         }
     }
 }
@@ -606,6 +668,7 @@ struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.shared.registry().close_connection(self.id);
+        self.shared.task_ended.notify_one();
     }
 }
 
@@ -624,15 +687,16 @@ async fn identify_peer(
     let Ok(_permit) = shared.identifying.acquire().await else {
         return Err(PeerError::Exited { pid });
     };
-    let (pidfd, source) = peer::pidfd(stream.as_fd(), pid).map_err(|e| {
-        if e.raw_os_error() == Some(libc::ESRCH) {
-            PeerError::Exited { pid }
-        } else {
-            PeerError::Cgroup {
-                pid,
-                reason: format!("cannot get a pidfd: {e}"),
-            }
-        }
+    let (pidfd, source) = peer::pidfd(stream.as_fd(), pid).map_err(|e| match e.raw_os_error() {
+        Some(libc::ESRCH) => PeerError::Exited { pid },
+        Some(libc::EMFILE | libc::ENFILE) => PeerError::Busy {
+            pid,
+            reason: "the collector is out of file descriptors".to_owned(),
+        },
+        _ => PeerError::Cgroup {
+            pid,
+            reason: format!("cannot get a pidfd: {e}"),
+        },
     })?;
     if !PIDFD_REPORTED.swap(true, Ordering::Relaxed) {
         tracing::info!(pidfd = ?source, "peer identity: {}", source.describe());
@@ -673,7 +737,10 @@ async fn serve(stream: UnixStream, cred: UCred, opened: Opened, shared: Arc<Shar
     let pid = cred.pid().and_then(|p| u32::try_from(p).ok());
     let identified = tokio::select! {
         // Closed to make room before it was even identified.
-        () = wake.notified() => return,
+        () = wake.notified() => {
+            say(&stream, &Reply::Err(MADE_ROOM.into()));
+            return;
+        }
         identified = identify_peer(&stream, uid, pid, &shared) => identified,
     };
     let peer = match identified {
@@ -683,7 +750,7 @@ async fn serve(stream: UnixStream, cred: UCred, opened: Opened, shared: Arc<Shar
             if let Some(suppressed) = shared.activity.allow(Noisy::Refused) {
                 tracing::warn!(uid, pid, error = %e, suppressed, "refusing a connection");
             }
-            let _ = stream.try_write(Reply::Err(e.to_string()).to_line().as_bytes());
+            say(&stream, &Reply::Err(e.to_string()));
             return;
         }
     };
@@ -705,6 +772,7 @@ async fn serve(stream: UnixStream, cred: UCred, opened: Opened, shared: Arc<Shar
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::with_capacity(MAX_LINE, read);
     let mut line = Vec::with_capacity(MAX_LINE);
+    let mut answered = false;
     loop {
         // Without tickets the connection may be closed (idle, or to make
         // room): nothing is lost, the interceptor reconnects when it next
@@ -713,6 +781,12 @@ async fn serve(stream: UnixStream, cred: UCred, opened: Opened, shared: Arc<Shar
         let read = tokio::select! {
             () = wake.notified() => {
                 tracing::debug!(pid = session.peer().pid, "closing an idle connection to make room");
+                // One that was never answered is told why; an idle one is
+                // closed silently, and its program reconnects when it next asks
+                // (a reply nobody asked for would be read as the next answer).
+                if !answered {
+                    say(write.as_ref(), &Reply::Err(MADE_ROOM.into()));
+                }
                 break;
             }
             () = tokio::time::sleep(idle_timeout), if idle => {
@@ -737,7 +811,27 @@ async fn serve(stream: UnixStream, cred: UCred, opened: Opened, shared: Arc<Shar
             ),
             Err(_) => break,
         };
-        if write.write_all(reply.to_line().as_bytes()).await.is_err() || close {
+        // A client that does not read its replies must not pin this task
+        // (it could then be neither closed for room nor idle): writes are
+        // bounded in time, and one that cannot finish closes the connection.
+        let bytes = reply.to_line();
+        let written = tokio::select! {
+            () = wake.notified() => break,
+            written = tokio::time::timeout(WRITE_TIMEOUT, write.write_all(bytes.as_bytes())) => written,
+        };
+        answered = true;
+        if !matches!(written, Ok(Ok(()))) || close {
+            if written.is_err() {
+                count(&shared.activity.malformed);
+                if let Some(suppressed) = shared.activity.allow(Noisy::Refused) {
+                    tracing::warn!(
+                        pid = session.peer().pid,
+                        tenant = %session.peer().tenant,
+                        suppressed,
+                        "the client does not read its replies; closing the connection"
+                    );
+                }
+            }
             break;
         }
     }

@@ -91,12 +91,12 @@ pub(crate) struct Registry {
     tickets_per_tenant: HashMap<String, usize>,
 }
 
-/// A connection was opened: its id, what wakes its task to close, and
-/// whether another connection was chosen to close to make room.
+/// A connection was opened: its id, what wakes its task to close, and how
+/// many other connections were chosen to close to make room.
 pub(crate) struct Opened {
     pub(crate) id: ConnId,
     pub(crate) wake: Arc<Notify>,
-    pub(crate) evicted: bool,
+    pub(crate) evicted: u64,
 }
 
 impl Registry {
@@ -121,6 +121,12 @@ impl Registry {
         self.open
     }
 
+    /// Connections whose task has not ended yet, closing ones included: each
+    /// still holds a descriptor.
+    pub(crate) fn held(&self) -> usize {
+        self.conns.len()
+    }
+
     /// Live tickets of all connections.
     pub(crate) fn tickets(&self) -> usize {
         self.tickets_per_uid.values().sum()
@@ -131,7 +137,7 @@ impl Registry {
     /// the longest idle of the uid with the most connections, so that whoever
     /// holds the most pays first.
     pub(crate) fn open_connection(&mut self, uid: u32, now: Instant) -> Result<Opened, Refused> {
-        let mut evicted = false;
+        let mut evicted = 0;
         let of_uid = self.open_per_uid.get(&uid).copied().unwrap_or(0);
         if of_uid >= self.bounds.per_uid {
             if !self.evict(now, Some(uid)) {
@@ -140,7 +146,7 @@ impl Registry {
                     limit: self.bounds.per_uid,
                 });
             }
-            evicted = true;
+            evicted += 1;
         }
         if self.open >= self.bounds.max_connections {
             if !self.evict(now, None) {
@@ -148,7 +154,7 @@ impl Registry {
                     limit: self.bounds.max_connections,
                 });
             }
-            evicted = true;
+            evicted += 1;
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -359,7 +365,7 @@ mod tests {
         // Full (5): uid 2 has the most connections, and hog3 is its idlest;
         // uid 1's connection, as idle, is spared.
         let opened = r.open_connection(3, later).expect("room made");
-        assert!(opened.evicted);
+        assert_eq!(opened.evicted, 1);
         assert!(r.closing(hog3));
         assert!(!r.closing(hog1) && !r.closing(hog2) && !r.closing(quiet));
         // A connection that holds tickets is never chosen.

@@ -235,6 +235,78 @@ fn a_new_program_is_answered_within_a_second_under_fd_pressure() {
     drop(idle);
 }
 
+#[test]
+fn a_full_descriptor_table_answers_with_the_reason_and_backs_off() {
+    if !privileged("lowering the collector's descriptor limit") {
+        return;
+    }
+    // Twenty programs hold tickets (none can be closed for room); then the
+    // descriptor limit drops to what is open, so every accept fails with
+    // EMFILE. Before, the collector logged and retried, and a new program
+    // waited in the backlog for ever.
+    let c = Collector::spawn(&[], Some(100));
+    let step = Duration::from_secs(5);
+    let mut holders: Vec<UnixStream> = (0..20)
+        .map(|_| UnixStream::connect(&c.socket).expect("holder"))
+        .collect();
+    for h in &mut holders {
+        assert_eq!(ask(h, "ADMIT PD_ALLOC", step).expect("admit"), "OK 1");
+    }
+    let pid = libc::pid_t::try_from(c.child.id()).expect("pid");
+    // RLIMIT_NOFILE bounds descriptor numbers: at the lowest free number no
+    // new descriptor can be had, except by closing one (the spare, opened at
+    // start). Read once the holders' identifications have closed theirs.
+    std::thread::sleep(Duration::from_millis(200));
+    let open: std::collections::BTreeSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let lowest_free = (0..).find(|n| !open.contains(n)).expect("a free number");
+    let limit = libc::rlimit {
+        rlim_cur: lowest_free,
+        rlim_max: 100,
+    };
+    // SAFETY: sets our child's limit; no old value asked for.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &limit, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+
+    // A burst of newcomers: each is answered at once, with the reason.
+    let start = Instant::now();
+    for i in 0..200 {
+        let mut s = connect_by(&c.socket, Instant::now() + Duration::from_secs(1))
+            .unwrap_or_else(|| panic!("connection {i} not accepted within 1 s"));
+        s.set_read_timeout(Some(Duration::from_secs(1)))
+            .expect("timeout");
+        let mut reply = String::new();
+        BufReader::new(&mut s)
+            .read_line(&mut reply)
+            .unwrap_or_else(|e| panic!("newcomer {i} not answered: {e}\n{}", c.log_text()));
+        // On the spare descriptor, from identification (if a descriptor was
+        // free), or when closed to make room for the next newcomer.
+        assert!(
+            reply.starts_with("ERR ")
+                && (reply.contains("out of file descriptors")
+                    || reply.contains("Too many open files")
+                    || reply.contains("to make room"))
+                && reply.trim_end().ends_with("try again later"),
+            "newcomer {i}: {reply:?}; collector log:\n{}",
+            c.log_text()
+        );
+    }
+    eprintln!("200 newcomers answered in {:?}", start.elapsed());
+    // The programs holding tickets are still served.
+    let stats = ask(&mut holders[0], "STATS", step).expect("stats");
+    assert!(stats.starts_with("OK global QP=0 PD=20 "), "{stats}");
+    // Warnings about it are rate-limited.
+    let log = c.log_text();
+    let warnings = log.matches("accept failed").count();
+    eprintln!("{warnings} accept warnings");
+    assert!(
+        (1..=30).contains(&warnings),
+        "{warnings} accept warnings:\n{log}"
+    );
+}
+
 /// Pipelines `n` identical requests and counts the replies.
 fn flood(socket: &Path, request: &str, n: usize) -> (usize, Vec<String>) {
     let mut stream = UnixStream::connect(socket).expect("connect");

@@ -133,10 +133,19 @@ pub enum PeerError {
     NoPid,
     /// The user database could not be asked (as opposed to having no entry):
     /// naming the tenant `uid-N` instead would escape the user's limits.
-    #[error("cannot look up uid {uid} in the user database: {reason}; try again")]
+    #[error("cannot look up uid {uid} in the user database: {reason}; try again later")]
     UserDatabase {
         /// The peer's uid.
         uid: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The collector lacks a resource to identify the peer now (no file
+    /// descriptor left); the program may try again.
+    #[error("cannot identify pid {pid} now: {reason}; try again later")]
+    Busy {
+        /// The peer's pid.
+        pid: u32,
         /// Why.
         reason: String,
     },
