@@ -45,6 +45,14 @@ impl ClientError {
     /// Whether the collector hung up (as opposed to timing out or answering
     /// badly): it closes connections that hold no tickets when they idle or
     /// when it needs room, and asking again on a new connection is then safe.
+    ///
+    /// ```
+    /// use rdma_intercept::client::ClientError;
+    ///
+    /// assert!(ClientError::Closed.hung_up());
+    /// let timeout = std::io::Error::from(std::io::ErrorKind::WouldBlock);
+    /// assert!(!ClientError::Receive(timeout).hung_up());
+    /// ```
     pub fn hung_up(&self) -> bool {
         match self {
             ClientError::Closed => true,
