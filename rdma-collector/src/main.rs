@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -19,9 +20,13 @@ use rdma_quota::{LimitSetting, QuotaConfig, Quotas, Verb};
 /// Each intercepted program connects to --socket and asks before it creates
 /// a QP, PD, CQ or MR; this daemon admits or denies by the quota file and
 /// --limit flags, per tenant (--tenant-by) and globally. A program's
-/// resources are released when it destroys them or when it exits. Logs one
-/// line per decision on stderr (RUST_LOG=debug for more). Stops on SIGINT or
-/// SIGTERM.
+/// resources are released when it destroys them or when it exits. Logs a
+/// summary of its decisions every 10 s and rate-limited denials on stderr
+/// (RUST_LOG=debug for one line per decision). Stops on SIGINT or SIGTERM.
+///
+/// Against hostile local users: connections are capped in all and per uid,
+/// tickets (live resources) per connection, uid and tenant; a connection
+/// holding no ticket is closed when idle or when a new program needs room.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -34,13 +39,64 @@ struct Args {
     /// A limit, overriding the file: KEY=VALUE or tenant:NAME:KEY=VALUE (repeatable).
     #[arg(long = "limit", value_name = "KEY=VALUE")]
     limits: Vec<LimitSetting>,
-    /// What a tenant is: the user name of the program's uid, or the last
-    /// component of its cgroup v2 path.
+    /// What a tenant is: the user name of the program's uid, or its whole
+    /// cgroup v2 path, which the quota file names as such
+    /// (`tenant /lab.slice/job.scope QP_COUNT 4`).
     #[arg(long, value_name = "user|cgroup", default_value_t = TenantBy::User)]
     tenant_by: TenantBy,
+    /// Open connections in all (lowered to the descriptor limit less 64).
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().max_connections,
+          value_parser = parse_at_least_one)]
+    max_connections: usize,
     /// Open connections allowed per uid.
     #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().per_uid)]
     max_connections_per_uid: usize,
+    /// Live tickets (admitted resources) per connection.
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().tickets)]
+    max_tickets_per_connection: usize,
+    /// Live tickets per uid, all its connections together.
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().tickets_per_uid)]
+    max_tickets_per_uid: usize,
+    /// Live tickets per tenant, all its connections together.
+    #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().tickets_per_tenant)]
+    max_tickets_per_tenant: usize,
+    /// Close a connection that holds no tickets after this many idle seconds
+    /// (the interceptor reconnects when it next asks).
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_seconds)]
+    idle_timeout: Duration,
+}
+
+fn parse_at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a number")),
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if secs <= 0.0 {
+        return Err("must be more than 0".to_owned());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s} is not a duration in seconds"))
+}
+
+/// Raises the soft descriptor limit to the hard one: each connection holds a
+/// descriptor, and the default soft limit (1024) is below --max-connections.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write a valid rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 fn main() {
@@ -60,11 +116,25 @@ fn run(args: Args) -> Result<()> {
         config.apply(setting);
     }
     tracing::info!(limits = %config.to_string().trim_end().replace('\n', "; "), "quotas");
+    if args.tenant_by == TenantBy::Cgroup {
+        for name in config.tenants.keys().filter(|n| !n.starts_with('/')) {
+            tracing::warn!(
+                tenant = %name,
+                "with --tenant-by cgroup tenants are whole cgroup paths (tenant /a/b.scope ...); \
+                 this one matches no program"
+            );
+        }
+    }
     let quotas = Quotas::new(config);
     let bounds = ConnectionBounds {
+        max_connections: args.max_connections,
         per_uid: args.max_connections_per_uid,
-        ..ConnectionBounds::default()
+        tickets: args.max_tickets_per_connection,
+        tickets_per_uid: args.max_tickets_per_uid,
+        tickets_per_tenant: args.max_tickets_per_tenant,
+        idle_timeout: args.idle_timeout,
     };
+    raise_fd_limit();
     let collector =
         Collector::bind(&args.socket, quotas.clone(), args.tenant_by)?.with_bounds(bounds);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,10 +1,28 @@
 //! One connection's state: its tenant registration and live tickets.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdma_quota::tenant::Peer;
 use rdma_quota::wire::{Reply, Request};
 use rdma_quota::{Admission, Quotas, Resource, TenantInfo, TenantQuota, UsageSnapshot};
+
+use crate::activity::{count, Activity, Noisy};
+use crate::registry::{ConnId, Registry};
+
+/// A connection's account with the collector's own bounds: the registry
+/// that caps tickets per connection, uid and tenant, and the counters.
+pub(crate) struct Ledger {
+    pub(crate) registry: Arc<Mutex<Registry>>,
+    pub(crate) activity: Arc<Activity>,
+    pub(crate) id: ConnId,
+}
+
+impl Ledger {
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// The tickets of one connected process. Dropping it releases every ticket
 /// still held, which is what makes a crashed program's resources disappear
@@ -15,11 +33,12 @@ pub(crate) struct Session {
     peer: Peer,
     tickets: HashMap<u64, Admission>,
     next_ticket: u64,
-    max_tickets: usize,
+    ledger: Ledger,
 }
 
 impl Session {
-    pub(crate) fn new(quotas: &Quotas, peer: Peer, max_tickets: usize) -> Session {
+    pub(crate) fn new(quotas: &Quotas, peer: Peer, ledger: Ledger) -> Session {
+        ledger.registry().set_tenant(ledger.id, &peer.tenant);
         let quota = quotas.register(TenantInfo {
             identity: peer.tenant.clone(),
             pid: peer.pid,
@@ -31,7 +50,7 @@ impl Session {
             peer,
             tickets: HashMap::new(),
             next_ticket: 1,
-            max_tickets,
+            ledger,
         }
     }
 
@@ -39,7 +58,7 @@ impl Session {
         &self.peer
     }
 
-    #[cfg(test)]
+    /// Tickets held: a connection without any may be closed when idle.
     pub(crate) fn live_tickets(&self) -> usize {
         self.tickets.len()
     }
@@ -54,17 +73,26 @@ impl Session {
             }
             Request::Admit { verb, bytes } => {
                 let creates = verb.creates().is_some();
-                let result = if creates && self.tickets.len() >= self.max_tickets {
-                    // Bounds the daemon's memory for tenants without count limits.
-                    Err(format!(
-                        "{} live tickets on one connection is the collector's maximum",
-                        self.max_tickets
-                    ))
-                } else if verb.creates() == Some(Resource::Mr) {
-                    self.quota.admit_mr(bytes).map_err(|r| r.to_string())
+                // The collector's own caps bound its memory whatever the quotas
+                // say (tenants without count limits included).
+                let reserved = if creates {
+                    let reserved = self.ledger.registry().reserve_ticket(self.ledger.id);
+                    reserved.map(|()| true).map_err(|cap| cap.reason())
                 } else {
-                    self.quota.admit(verb).map_err(|r| r.to_string())
+                    Ok(false)
                 };
+                let result = reserved.and_then(|reserved| {
+                    let admitted = if verb.creates() == Some(Resource::Mr) {
+                        self.quota.admit_mr(bytes).map_err(|r| r.to_string())
+                    } else {
+                        self.quota.admit(verb).map_err(|r| r.to_string())
+                    };
+                    let holds = admitted.as_ref().is_ok_and(|a| a.resource().is_some());
+                    if reserved && !holds {
+                        self.ledger.registry().release_tickets(self.ledger.id, 1);
+                    }
+                    admitted
+                });
                 match result {
                     Ok(admission) => {
                         let reply = if admission.resource().is_some() {
@@ -75,7 +103,8 @@ impl Session {
                         } else {
                             Reply::Ok
                         };
-                        tracing::info!(
+                        count(&self.ledger.activity.admitted);
+                        tracing::debug!(
                             pid = peer.pid,
                             comm = %peer.comm,
                             tenant = %peer.tenant,
@@ -88,22 +117,38 @@ impl Session {
                         reply
                     }
                     Err(reason) => {
-                        tracing::info!(
-                            pid = peer.pid,
-                            comm = %peer.comm,
-                            tenant = %peer.tenant,
-                            verb = %verb,
-                            bytes,
-                            result = "denied",
-                            reason = %reason,
-                            "admission"
-                        );
+                        count(&self.ledger.activity.denied);
+                        // A client can ask as fast as it likes: the lines are
+                        // rate-limited, the summary has the count.
+                        if let Some(suppressed) = self.ledger.activity.allow(Noisy::Deny) {
+                            tracing::info!(
+                                pid = peer.pid,
+                                comm = %peer.comm,
+                                tenant = %peer.tenant,
+                                verb = %verb,
+                                bytes,
+                                result = "denied",
+                                reason = %reason,
+                                suppressed,
+                                "admission"
+                            );
+                        } else {
+                            tracing::debug!(
+                                pid = peer.pid,
+                                tenant = %peer.tenant,
+                                verb = %verb,
+                                reason = %reason,
+                                "admission denied"
+                            );
+                        }
                         Reply::Deny(reason)
                     }
                 }
             }
             Request::Release { ticket } => match self.tickets.remove(&ticket) {
                 Some(admission) => {
+                    self.ledger.registry().release_tickets(self.ledger.id, 1);
+                    count(&self.ledger.activity.released);
                     tracing::debug!(
                         pid = peer.pid,
                         tenant = %peer.tenant,
@@ -139,7 +184,10 @@ fn usage(u: &UsageSnapshot) -> String {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        tracing::info!(
+        self.ledger
+            .registry()
+            .release_tickets(self.ledger.id, self.tickets.len());
+        tracing::debug!(
             pid = self.peer.pid,
             comm = %self.peer.comm,
             tenant = %self.peer.tenant,
@@ -153,7 +201,27 @@ impl Drop for Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ConnectionBounds;
     use rdma_quota::{QuotaConfig, Verb};
+
+    fn session(quotas: &Quotas, tenant: &str, tickets: usize) -> Session {
+        let registry = Arc::new(Mutex::new(Registry::new(ConnectionBounds {
+            tickets,
+            ..ConnectionBounds::default()
+        })));
+        let id = registry
+            .lock()
+            .expect("lock")
+            .open_connection(1000, std::time::Instant::now())
+            .expect("open")
+            .id;
+        let ledger = Ledger {
+            registry,
+            activity: Arc::new(Activity::default()),
+            id,
+        };
+        Session::new(quotas, peer(tenant), ledger)
+    }
 
     fn peer(tenant: &str) -> Peer {
         Peer {
@@ -173,7 +241,7 @@ mod tests {
     fn tickets_count_until_released_or_dropped() {
         let quotas =
             Quotas::new(QuotaConfig::parse("tenant alice QP_COUNT 2\n", "q").expect("config"));
-        let mut s = Session::new(&quotas, peer("alice"), 100);
+        let mut s = session(&quotas, "alice", 100);
         assert_eq!(s.handle(admit(Verb::QpCreate, 0)), Reply::Ticket(1));
         assert_eq!(s.handle(admit(Verb::QpCreate, 0)), Reply::Ticket(2));
         assert_eq!(
@@ -201,7 +269,7 @@ mod tests {
     fn mr_bytes_and_non_creating_verbs() {
         let quotas =
             Quotas::new(QuotaConfig::parse("MR_BYTES 8192\nQP_MODIFY 1\n", "q").expect("config"));
-        let mut s = Session::new(&quotas, peer("bob"), 100);
+        let mut s = session(&quotas, "bob", 100);
         assert_eq!(s.handle(admit(Verb::MrReg, 8192)), Reply::Ticket(1));
         assert!(
             matches!(s.handle(admit(Verb::MrReg, 1)), Reply::Deny(r) if r.starts_with("MR_BYTES limit 8192"))
@@ -215,12 +283,16 @@ mod tests {
     #[test]
     fn tickets_per_connection_are_bounded() {
         let quotas = Quotas::default();
-        let mut s = Session::new(&quotas, peer("carol"), 2);
+        let mut s = session(&quotas, "carol", 2);
         assert_eq!(s.handle(admit(Verb::PdAlloc, 0)), Reply::Ticket(1));
         assert_eq!(s.handle(admit(Verb::CqCreate, 0)), Reply::Ticket(2));
         assert_eq!(
             s.handle(admit(Verb::CqCreate, 0)),
-            Reply::Deny("2 live tickets on one connection is the collector's maximum".into())
+            Reply::Deny(
+                "2 live tickets on one connection is the collector's maximum \
+                 (--max-tickets-per-connection)"
+                    .into()
+            )
         );
     }
 }

@@ -273,7 +273,9 @@ async fn a_rate_limit_refuses_the_second_quick_call() {
 async fn the_tenant_is_the_peers_user_name_from_so_peercred() {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    let me = user_name(uid).unwrap_or_else(|| format!("uid-{uid}"));
+    let me = user_name(uid)
+        .expect("user database")
+        .unwrap_or_else(|| format!("uid-{uid}"));
     let c = start(&format!(
         "QP_COUNT 10\ntenant {me} QP_COUNT 1\ntenant someone-else QP_COUNT 5\n"
     ));
@@ -303,6 +305,7 @@ async fn connections_per_uid_are_bounded() {
         ConnectionBounds {
             per_uid: 2,
             tickets: 10,
+            ..ConnectionBounds::default()
         },
     );
     let mut a = Client::connect(&c.path).await;
@@ -322,7 +325,10 @@ async fn connections_per_uid_are_bounded() {
     let mut again = None;
     for _ in 0..100 {
         let mut d = Client::connect(&c.path).await;
-        if d.ask("ADMIT PD_ALLOC").await == "OK 1" {
+        // Until then it is refused, and closed perhaps before the request
+        // is even sent.
+        let sent = d.write.write_all(b"ADMIT PD_ALLOC\n").await.is_ok();
+        if sent && d.reply().await == "OK 1" {
             again = Some(d);
             break;
         }
@@ -348,4 +354,54 @@ async fn shutdown_releases_all_and_removes_the_socket() {
     assert!(!path.exists(), "socket removed");
     assert_eq!(quotas.snapshot().global.live[&Resource::Cq], 0);
     assert!(client.closed().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_without_tickets_are_closed_and_others_kept() {
+    let c = start_with(
+        "",
+        ConnectionBounds {
+            idle_timeout: Duration::from_millis(300),
+            ..ConnectionBounds::default()
+        },
+    );
+    let mut idle = Client::connect(&c.path).await;
+    assert_eq!(idle.ask("HELLO idle").await, "OK");
+    let mut holding = Client::connect(&c.path).await;
+    assert_eq!(holding.ask("ADMIT QP_CREATE").await, "OK 1");
+    // Closed without a word once idle; the interceptor reconnects when it
+    // next asks.
+    assert!(idle.closed().await, "idle connection kept");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(holding.ask("RELEASE 1").await, "OK");
+    // Without tickets now, it goes too.
+    assert!(holding.closed().await);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_collector_closes_an_idle_connection_for_a_new_program() {
+    let c = start_with(
+        "",
+        ConnectionBounds {
+            max_connections: 2,
+            ..ConnectionBounds::default()
+        },
+    );
+    let mut holding = Client::connect(&c.path).await;
+    assert_eq!(holding.ask("ADMIT PD_ALLOC").await, "OK 1");
+    let mut idle = Client::connect(&c.path).await;
+    assert_eq!(idle.ask("HELLO idle").await, "OK");
+    let mut new = Client::connect(&c.path).await;
+    assert_eq!(new.ask("ADMIT PD_ALLOC").await, "OK 1");
+    assert!(idle.closed().await, "the idle connection made room");
+    assert_eq!(holding.ask("ADMIT PD_ALLOC").await, "OK 2");
+    // Everyone holds tickets: the next is refused with the reason.
+    let mut refused = Client::connect(&c.path).await;
+    let reply = refused.reply().await;
+    assert!(
+        reply.starts_with("ERR the collector is at its limit of 2 connections"),
+        "{reply}"
+    );
+    c.stop().await;
 }

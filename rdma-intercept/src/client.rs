@@ -41,6 +41,32 @@ pub enum ClientError {
     BadReply(BadReply),
 }
 
+impl ClientError {
+    /// Whether the collector hung up (as opposed to timing out or answering
+    /// badly): it closes connections that hold no tickets when they idle or
+    /// when it needs room, and asking again on a new connection is then safe.
+    ///
+    /// ```
+    /// use rdma_intercept::client::ClientError;
+    ///
+    /// assert!(ClientError::Closed.hung_up());
+    /// let timeout = std::io::Error::from(std::io::ErrorKind::WouldBlock);
+    /// assert!(!ClientError::Receive(timeout).hung_up());
+    /// ```
+    pub fn hung_up(&self) -> bool {
+        match self {
+            ClientError::Closed => true,
+            ClientError::Send(e) | ClientError::Receive(e) => matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+            ),
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

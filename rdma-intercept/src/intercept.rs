@@ -212,20 +212,22 @@ impl Interceptor {
                 log.push(format!("rdma-intercept: {problem}"));
             }
         }
-        let conn = match &mut self.conn {
-            Some(conn) => conn,
-            None => match Connection::connect(&settings.collector, TIMEOUT) {
-                Ok(conn) => {
-                    self.generation += 1;
-                    self.conn.insert(conn)
-                }
-                Err(e) => {
-                    let problem = Problem::Unreachable(e);
-                    return self.cannot_ask(settings, verb, &problem, log);
-                }
-            },
+        let request = Request::Admit { verb, bytes };
+        let reused = self.conn.is_some();
+        let mut reply = match self.connection(settings) {
+            Ok(conn) => conn.request(&request),
+            Err(e) => return self.cannot_ask(settings, verb, &Problem::Unreachable(e), log),
         };
-        let reply = conn.request(&Request::Admit { verb, bytes });
+        // The collector closes a connection that holds no tickets when it is
+        // idle or when room is needed for another program; with no tickets
+        // nothing was lost, so ask once more on a new connection.
+        if reused && self.objects.is_empty() && reply.as_ref().is_err_and(ClientError::hung_up) {
+            self.lose_connection(log);
+            reply = match self.connection(settings) {
+                Ok(conn) => conn.request(&request),
+                Err(e) => return self.cannot_ask(settings, verb, &Problem::Unreachable(e), log),
+            };
+        }
         match reply {
             Ok(Reply::Ticket(id)) => Decision::Proceed(Some(Ticket {
                 generation: self.generation,
@@ -248,6 +250,16 @@ impl Interceptor {
                 self.cannot_ask(settings, verb, &Problem::Failed(e), log)
             }
         }
+    }
+
+    /// The open connection, or a new one.
+    fn connection(&mut self, settings: &Settings) -> Result<&mut Connection, ClientError> {
+        if self.conn.is_none() {
+            let conn = Connection::connect(&settings.collector, TIMEOUT)?;
+            self.generation += 1;
+            self.conn = Some(conn);
+        }
+        self.conn.as_mut().ok_or(ClientError::Closed)
     }
 
     fn no_ticket(
@@ -465,6 +477,45 @@ mod tests {
     fn recv(rx: &mpsc::Receiver<String>) -> String {
         rx.recv_timeout(Duration::from_secs(5))
             .expect("collector saw a line")
+    }
+
+    #[test]
+    fn a_connection_the_collector_closed_while_idle_is_replaced() {
+        // A collector that answers one request per connection, then hangs up,
+        // as the real one does with idle connections holding no tickets.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("collector.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (tx, seen) = mpsc::channel();
+        std::thread::spawn(move || {
+            for (n, stream) in listener.incoming().enumerate() {
+                let Ok(mut stream) = stream else { return };
+                let mut line = String::new();
+                let _ = BufReader::new(&stream).read_line(&mut line);
+                let _ = tx.send(line.trim_end().to_owned());
+                let _ = stream.write_all(format!("OK {}\n", n + 1).as_bytes());
+            }
+        });
+        let settings = Settings::from_vars(Some(path.as_os_str()), None);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        for n in 1..=3 {
+            // The first asks on a new connection; the next ones find theirs
+            // closed and ask again on a new one instead of refusing.
+            let decision = state.admit(1, &settings, Resource::Pd, 0, &mut log);
+            let Decision::Proceed(Some(ticket)) = decision else {
+                panic!("admission {n} refused: {log:?}");
+            };
+            assert_eq!(ticket.id, n);
+            assert_eq!(recv(&seen), "ADMIT PD_ALLOC");
+            // A ticket in use is never retried for: the collector released
+            // it when it closed, and says so only through the close.
+            if n == 3 {
+                state.created(1, 0x10, ticket);
+                let decision = state.admit(1, &settings, Resource::Pd, 0, &mut log);
+                assert!(matches!(decision, Decision::Refuse(ERRNO_NO_COLLECTOR)));
+            }
+        }
     }
 
     #[test]

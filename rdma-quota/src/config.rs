@@ -80,7 +80,8 @@ pub enum EntryError {
     /// A tenant name that no client certificate can have.
     #[error(
         "invalid tenant name {name:?}: tenants are client certificate names, 1-64 characters \
-         from A-Z, a-z, 0-9, '.', '_', '-', not starting with '.', not \"ca\" or \"server\""
+         from A-Z, a-z, 0-9, '.', '_', '-', not starting with '.', not \"ca\" or \"server\", \
+         or whole cgroup paths such as /lab.slice/job.scope (rdma-collector --tenant-by cgroup)"
     )]
     BadTenant {
         /// The name as written.

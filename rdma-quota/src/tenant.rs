@@ -6,6 +6,12 @@
 //! The user database is reached through libc (`getpwuid_r`), which this
 //! crate does not link; [`identify`] takes the lookup as a function, and the
 //! collector passes its own.
+//!
+//! With `--tenant-by cgroup` a tenant is the *whole* cgroup v2 path
+//! ([`cgroup_tenant`]), such as `/lab.slice/alice.scope`, and a quota file
+//! names it so (`tenant /lab.slice/alice.scope QP_COUNT 4`). Only the full
+//! path is unique: whoever was delegated a subtree can create
+//! `/their.slice/alice.scope`, which must not count as `/lab.slice/alice.scope`.
 
 use std::fmt;
 use std::path::Path;
@@ -17,13 +23,16 @@ use crate::cgroup;
 /// server files of a certificate directory.
 const RESERVED: [&str; 2] = ["ca", "server"];
 
-/// Whether `name` can be a tenant of a quota file: 1-64 characters from
-/// `a-z`, `A-Z`, `0-9`, `-`, `_`, `.`, not starting with `.`, and neither
-/// `ca` nor `server`.
+/// Whether `name` can be a tenant of a quota file: a client certificate name
+/// (1-64 characters from `a-z`, `A-Z`, `0-9`, `-`, `_`, `.`, not starting
+/// with `.`, and neither `ca` nor `server`), or a cgroup path as
+/// [`cgroup_tenant`] writes it (starting with `/`).
 ///
 /// Tenants of the TLS server are the identities of client certificates,
 /// whose names become file names, so this is the certificate naming rule: a
-/// name it refuses could never match a connection.
+/// name it refuses could never match a connection. The collector's cgroup
+/// tenants always start with `/`, which no certificate name can, so the two
+/// kinds never meet.
 ///
 /// # Examples
 ///
@@ -32,10 +41,18 @@ const RESERVED: [&str; 2] = ["ca", "server"];
 ///
 /// assert!(is_valid_name("alice"));
 /// assert!(is_valid_name("session-3.scope"));
+/// assert!(is_valid_name("/lab.slice/alice.scope"));
 /// assert!(!is_valid_name("../etc"));
+/// assert!(!is_valid_name("/lab.slice/../etc"));
 /// assert!(!is_valid_name("server"));
 /// ```
 pub fn is_valid_name(name: &str) -> bool {
+    is_certificate_name(name) || is_cgroup_tenant(name)
+}
+
+/// A client certificate name: 1-64 characters from `a-z`, `A-Z`, `0-9`,
+/// `-`, `_`, `.`, not starting with `.`, and neither `ca` nor `server`.
+fn is_certificate_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
@@ -62,8 +79,8 @@ pub enum TenantBy {
     /// The user name of the peer's uid (`uid-N` if it has none).
     #[default]
     User,
-    /// The last component of the peer's cgroup v2 path, e.g.
-    /// `session-3.scope` or `myjob.service` (`root` for `/`).
+    /// The peer's whole cgroup v2 path ([`cgroup_tenant`]), e.g.
+    /// `/system.slice/myjob.service` (`/` for the root cgroup).
     Cgroup,
 }
 
@@ -114,6 +131,31 @@ pub enum PeerError {
     /// `SO_PEERCRED` gave no pid (not on Linux).
     #[error("the kernel did not report the peer's pid")]
     NoPid,
+    /// The user database could not be asked (as opposed to having no entry):
+    /// naming the tenant `uid-N` instead would escape the user's limits.
+    #[error("cannot look up uid {uid} in the user database: {reason}; try again later")]
+    UserDatabase {
+        /// The peer's uid.
+        uid: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The collector lacks a resource to identify the peer now (no file
+    /// descriptor left); the program may try again.
+    #[error("cannot identify pid {pid} now: {reason}; try again later")]
+    Busy {
+        /// The peer's pid.
+        pid: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The process exited while it was being identified, so what `/proc`
+    /// showed for its pid may belong to another process.
+    #[error("process {pid} exited before it could be identified")]
+    Exited {
+        /// The peer's pid.
+        pid: u32,
+    },
     /// `--tenant-by cgroup` and the cgroup cannot be read.
     #[error("cannot determine the cgroup of pid {pid}: {reason}")]
     Cgroup {
@@ -128,8 +170,13 @@ pub enum PeerError {
 ///
 /// `proc_root` and `cgroup_root` are normally `/proc` and
 /// [`cgroup::CGROUP_ROOT`]; `user_name` looks a uid up in the user database
-/// (`None` if it has no entry, which names the tenant `uid-N`). Blocking:
+/// (`Ok(None)` if it has no entry, which names the tenant `uid-N`; an error,
+/// such as running out of file descriptors, refuses the peer). Blocking:
 /// reads `/proc` and the lookup may query NSS, so call it off async workers.
+///
+/// `/proc/<pid>` is read after the fact: the caller must make sure the pid
+/// still names the connecting process afterwards (the collector checks its
+/// pidfd), or a recycled pid could lend another process's cgroup.
 ///
 /// # Examples
 ///
@@ -138,7 +185,7 @@ pub enum PeerError {
 /// use rdma_quota::tenant::{identify, TenantBy};
 ///
 /// let me = std::process::id();
-/// let no_users = |_uid: u32| None;
+/// let no_users = |_uid: u32| Ok(None);
 /// let peer = identify(me, 4242, TenantBy::User, Path::new("/proc"), Path::new("/sys/fs/cgroup"), no_users)?;
 /// assert_eq!(peer.tenant, "uid-4242");
 /// assert_eq!(peer.pid, me);
@@ -150,7 +197,7 @@ pub fn identify(
     tenant_by: TenantBy,
     proc_root: &Path,
     cgroup_root: &Path,
-    user_name: impl FnOnce(u32) -> Option<String>,
+    user_name: impl FnOnce(u32) -> std::io::Result<Option<String>>,
 ) -> Result<Peer, PeerError> {
     let comm = std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
         .map(|s| sanitize(s.trim_end_matches('\n')))
@@ -162,7 +209,16 @@ pub fn identify(
         .and_then(|p| cgroup::id_of_path(cgroup_root, p))
         .unwrap_or(0);
     let tenant = match tenant_by {
-        TenantBy::User => user_name(uid).map_or_else(|| format!("uid-{uid}"), |n| sanitize(&n)),
+        TenantBy::User => match user_name(uid) {
+            Ok(Some(name)) => sanitize(&name),
+            Ok(None) => format!("uid-{uid}"),
+            Err(e) => {
+                return Err(PeerError::UserDatabase {
+                    uid,
+                    reason: e.to_string(),
+                })
+            }
+        },
         TenantBy::Cgroup => {
             let path = cgroup.map_err(|reason| PeerError::Cgroup { pid, reason })?;
             cgroup_tenant(&path)
@@ -185,23 +241,83 @@ fn cgroup_path(pid: u32, proc_root: &Path) -> Result<String, String> {
         .ok_or_else(|| format!("{} has no cgroup v2 (0::) line", file.display()))
 }
 
-/// The tenant of a cgroup path: its last component.
+/// The tenant of a cgroup path: the whole path, from the hierarchy's root.
+///
+/// Bytes other than `A-Z a-z 0-9 . _ - @` in a component are written
+/// `\xNN`, so every path has its own tenant name (no two cgroups share one)
+/// and the name is one printable word. A name ending in ` (deleted)` (a
+/// cgroup removed while the process was in it) loses that mark.
 ///
 /// # Examples
 ///
 /// ```
 /// use rdma_quota::tenant::cgroup_tenant;
 ///
-/// assert_eq!(cgroup_tenant("/user.slice/user-1000.slice/session-3.scope"), "session-3.scope");
-/// assert_eq!(cgroup_tenant("/"), "root");
+/// assert_eq!(
+///     cgroup_tenant("/user.slice/user-1000.slice/session-3.scope"),
+///     "/user.slice/user-1000.slice/session-3.scope"
+/// );
+/// assert_eq!(cgroup_tenant("/a/b/alice"), "/a/b/alice"); // not "alice"
+/// assert_eq!(cgroup_tenant("/job 1"), "/job\\x201");
+/// assert_eq!(cgroup_tenant("/"), "/");
 /// ```
 pub fn cgroup_tenant(path: &str) -> String {
-    // " (deleted)" marks a cgroup removed while the process was in it.
     let path = path.trim_end_matches(" (deleted)");
-    match path.rsplit('/').find(|c| !c.is_empty()) {
-        Some(last) => sanitize(last),
-        None => "root".to_owned(),
+    let mut tenant = String::with_capacity(path.len() + 1);
+    for component in path.split('/').filter(|c| !c.is_empty()) {
+        tenant.push('/');
+        for b in component.bytes() {
+            if is_plain_cgroup_byte(b) {
+                tenant.push(char::from(b));
+            } else {
+                tenant.push_str(&format!("\\x{b:02x}"));
+            }
+        }
     }
+    if tenant.is_empty() {
+        tenant.push('/');
+    }
+    tenant
+}
+
+fn is_plain_cgroup_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@')
+}
+
+/// Whether `name` is a cgroup tenant as [`cgroup_tenant`] writes it: `/`, or
+/// `/`-separated components of `A-Z a-z 0-9 . _ - @` and `\xNN` escapes,
+/// none empty, `.` or `..`, at most 4096 bytes.
+fn is_cgroup_tenant(name: &str) -> bool {
+    if name == "/" {
+        return true;
+    }
+    let Some(rest) = name.strip_prefix('/') else {
+        return false;
+    };
+    name.len() <= 4096
+        && rest.split('/').all(|c| {
+            if c.is_empty() || c == "." || c == ".." {
+                return false;
+            }
+            let b = c.as_bytes();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'\\' {
+                    let escape = b.get(i + 1..i + 4);
+                    match escape {
+                        Some([b'x', h, l]) if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => {
+                            i += 4
+                        }
+                        _ => return false,
+                    }
+                } else if is_plain_cgroup_byte(b[i]) {
+                    i += 1;
+                } else {
+                    return false;
+                }
+            }
+            true
+        })
 }
 
 /// Keeps names printable and one word, so that they fit in log fields and
@@ -240,12 +356,12 @@ mod tests {
     }
 
     /// A user database with only root and a user whose name needs cleaning.
-    fn users(uid: u32) -> Option<String> {
-        match uid {
+    fn users(uid: u32) -> std::io::Result<Option<String>> {
+        Ok(match uid {
             0 => Some("root".to_owned()),
             1000 => Some("odd user\n".to_owned()),
             _ => None,
-        }
+        })
     }
 
     #[test]
@@ -268,12 +384,76 @@ mod tests {
     }
 
     #[test]
-    fn cgroup_tenant_is_the_last_component() {
-        assert_eq!(cgroup_tenant("/system.slice/job.service"), "job.service");
-        assert_eq!(cgroup_tenant("/a/b/"), "b");
-        assert_eq!(cgroup_tenant("/a/gone (deleted)"), "gone");
-        assert_eq!(cgroup_tenant(""), "root");
-        assert_eq!(cgroup_tenant("/with space"), "with_space");
+    fn cgroup_tenant_is_the_whole_path() {
+        assert_eq!(
+            cgroup_tenant("/system.slice/job.service"),
+            "/system.slice/job.service"
+        );
+        assert_eq!(cgroup_tenant("/a/b/"), "/a/b");
+        assert_eq!(cgroup_tenant("/a/gone (deleted)"), "/a/gone");
+        assert_eq!(cgroup_tenant(""), "/");
+        assert_eq!(
+            cgroup_tenant("/user.slice/user@1000.service"),
+            "/user.slice/user@1000.service"
+        );
+        // Escapes keep names distinct: no two paths share a tenant.
+        assert_eq!(cgroup_tenant("/with space"), "/with\\x20space");
+        assert_eq!(cgroup_tenant("/with_space"), "/with_space");
+        assert_eq!(cgroup_tenant("/a\\x20b"), "/a\\x5cx20b");
+        assert_eq!(cgroup_tenant("/é:"), "/\\xc3\\xa9\\x3a");
+        for path in ["/a/b/alice", "/with space", "/é:", "/a\\x20b", "/", "/x/.y"] {
+            let tenant = cgroup_tenant(path);
+            assert!(is_valid_name(&tenant), "{path:?} -> {tenant:?}");
+        }
+        for bad in [
+            "/a//b", "/a/", "/a/../b", "/./a", "/a b", "/a:b", "/a\\x2", "/a\\y20", "//",
+        ] {
+            assert!(!is_valid_name(bad), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_delegated_subtree_cannot_pose_as_another_tenant() {
+        // alice's job runs in /lab.slice/alice; mallory, delegated /users/mallory, makes a
+        // cgroup named alice inside it.
+        let alice = fake_proc(100, "job", "0::/lab.slice/alice\n");
+        let mallory = fake_proc(200, "job", "0::/users/mallory/alice\n");
+        let none = tempfile::tempdir().expect("temp dir");
+        let a = identify(
+            100,
+            1000,
+            TenantBy::Cgroup,
+            alice.path(),
+            none.path(),
+            users,
+        )
+        .expect("alice");
+        let m = identify(
+            200,
+            1001,
+            TenantBy::Cgroup,
+            mallory.path(),
+            none.path(),
+            users,
+        )
+        .expect("mallory");
+        assert_eq!(a.tenant, "/lab.slice/alice");
+        assert_eq!(m.tenant, "/users/mallory/alice");
+        assert_ne!(a.tenant, m.tenant);
+    }
+
+    #[test]
+    fn a_failing_user_database_refuses_instead_of_renaming() {
+        let proc = fake_proc(42, "x", "0::/\n");
+        let broken = |_uid: u32| -> std::io::Result<Option<String>> {
+            Err(std::io::Error::from_raw_os_error(24))
+        };
+        let err = identify(42, 1000, TenantBy::User, proc.path(), proc.path(), broken)
+            .expect_err("no tenant");
+        assert!(
+            matches!(err, PeerError::UserDatabase { uid: 1000, .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -286,7 +466,7 @@ mod tests {
 
         let by_cgroup = identify(42, 0, TenantBy::Cgroup, proc.path(), cgroups.path(), users)
             .expect("identified");
-        assert_eq!(by_cgroup.tenant, "tenant-a.scope");
+        assert_eq!(by_cgroup.tenant, "/lab.slice/tenant-a.scope");
         assert_eq!(by_cgroup.comm, "ibv_rc_pingpong");
         assert_eq!(by_cgroup.cgroup_id, ino);
         assert_eq!((by_cgroup.pid, by_cgroup.uid), (42, 0));

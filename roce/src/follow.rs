@@ -27,10 +27,16 @@
 //! requests once the QP acknowledges one of them, the peer's responses once one answers the
 //! QP's request. PSNs start at random 24-bit values, so an accidental match with another QP
 //! pair between the same hosts is unlikely but possible.
+//!
+//! Anyone who can put packets on the wire can make flows, so the follower's memory is bounded:
+//! it keeps at most [`FollowConfig::max_flows`] flows (least recently seen go first, unfollowed
+//! before followed; [`Follower::evicted`] counts them), and pairing looks a response's PSN up
+//! in an index of the last 4,096 requests instead of scanning the reverse flows.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
+use lru::LruCache;
 use serde::Serialize;
 
 use crate::ext::AethSyndrome;
@@ -41,10 +47,16 @@ use crate::packet::Packet;
 pub const PSN_MASK: u32 = 0x00ff_ffff;
 /// Half the PSN space: forward distances below this are "ahead".
 const HALF_WINDOW: u32 = 1 << 23;
-/// How many recent PSNs each flow remembers for pairing directions.
-const RECENT: usize = 64;
+/// How far behind a flow's highest request PSN a response may be and still pair with it.
+const RECENT: u32 = 64;
+/// How many recent requests (of all flows together) the pairing index remembers. Pairing
+/// happens within a round trip, so this only has to outlast the packets of one; a flood
+/// longer than this between a request and its response delays pairing to a later exchange.
+const RECENT_REQUESTS: usize = 4096;
 /// The smallest path MTU, bounding how many PSNs an RDMA READ can reserve.
 const MIN_PATH_MTU: u32 = 256;
+/// Flows a [`Follower`] keeps by default ([`FollowConfig::max_flows`]): about 14 MB.
+pub const DEFAULT_MAX_FLOWS: usize = 65_536;
 
 /// `(a - b) mod 2^24`.
 pub fn psn_distance(a: u32, b: u32) -> u32 {
@@ -181,12 +193,27 @@ pub struct Observation {
 }
 
 /// Settings for a [`Follower`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FollowConfig {
     /// Follow only this QP (and its peer's direction); `None` follows every flow.
     pub qpn: Option<u32>,
     /// The path MTU in bytes, for the PSNs an RDMA READ reserves; `None` if unknown.
     pub path_mtu: Option<u32>,
+    /// The most flows kept at once (at least 1). Every packet with a new address, port, QPN
+    /// or stream is a new flow, so anyone who can send to the wire can make them; beyond
+    /// this the least recently seen flow is forgotten (unfollowed flows before followed ones)
+    /// and counted in [`Follower::evicted`]. A forgotten flow that comes back starts afresh.
+    pub max_flows: usize,
+}
+
+impl Default for FollowConfig {
+    fn default() -> Self {
+        FollowConfig {
+            qpn: None,
+            path_mtu: None,
+            max_flows: DEFAULT_MAX_FLOWS,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -194,35 +221,43 @@ struct FlowState {
     summary: DirectionSummary,
     /// Forward PSN distances from `highest_psn` that count as in order.
     window: (u32, u32),
-    /// Recent (PSN, is a request) pairs, for pairing directions.
-    recent: VecDeque<(u32, bool)>,
-    followed: bool,
     /// Set once the flow's reverse direction has been found; stops further pairing work.
     paired: bool,
 }
 
-/// Tracks the PSN sequence of every flow it is fed.
+/// Where a request was seen: its addresses and PSN, the key of the pairing index.
+type RequestAt = (IpAddr, IpAddr, u32);
+
+/// Tracks the PSN sequence of every flow it is fed, up to [`FollowConfig::max_flows`] flows.
 ///
 /// ```
 /// use roce::follow::{FollowConfig, Follower, PsnEvent};
 /// # let frame = roce::doc_example_frame();
 /// let pkt = roce::decode_ethernet(&frame)?;
 ///
-/// let mut f = Follower::new(FollowConfig { qpn: Some(pkt.bth.dest_qp), path_mtu: Some(1024) });
+/// let config = FollowConfig { qpn: Some(pkt.bth.dest_qp), path_mtu: Some(1024), ..FollowConfig::default() };
+/// let mut f = Follower::new(config);
 /// assert_eq!(f.observe(&pkt).event, PsnEvent::First);
 /// assert_eq!(f.observe(&pkt).event, PsnEvent::Duplicate);
 /// let (_, summary) = f.summaries().next().unwrap();
 /// assert_eq!((summary.packets, summary.duplicates), (2, 1));
+/// assert_eq!(f.evicted(), 0);
 /// # Ok::<(), roce::DecodeError>(())
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Debug)]
 pub struct Follower {
     config: FollowConfig,
-    flows: BTreeMap<FlowKey, FlowState>,
-    /// Flows by (source IP, destination IP), to find the reverse direction quickly.
-    by_ips: HashMap<(IpAddr, IpAddr), Vec<FlowKey>>,
-    /// The followed subset of `by_ips`, which stays small when a QPN filter is set.
-    followed_by_ips: HashMap<(IpAddr, IpAddr), Vec<FlowKey>>,
+    /// Followed flows, least recently seen first out.
+    followed: LruCache<FlowKey, FlowState>,
+    /// Flows seen but not followed (only with a QPN filter), evicted before followed ones.
+    unfollowed: LruCache<FlowKey, FlowState>,
+    /// Flows forgotten to stay within `max_flows`.
+    evicted: u64,
+    /// With a QPN filter: the flows that recently sent a request, by its addresses and PSN,
+    /// so that a response finds the request it answers without scanning every flow.
+    requests: HashMap<RequestAt, Vec<FlowKey>>,
+    /// The entries of `requests` in the order they were made, oldest first, to age them out.
+    request_order: VecDeque<(RequestAt, FlowKey)>,
     /// Flows to follow from their first packet whatever their QPN (see [`Follower::follow`]).
     preset: HashSet<FlowKey>,
     /// Flows that pairing turned from unfollowed to followed since the last
@@ -230,12 +265,28 @@ pub struct Follower {
     newly_followed: Vec<FlowKey>,
 }
 
+impl Default for Follower {
+    fn default() -> Self {
+        Follower::new(FollowConfig::default())
+    }
+}
+
 impl Follower {
     /// A follower with the given settings.
     pub fn new(config: FollowConfig) -> Follower {
+        let config = FollowConfig {
+            max_flows: config.max_flows.max(1),
+            ..config
+        };
         Follower {
             config,
-            ..Follower::default()
+            followed: LruCache::unbounded(),
+            unfollowed: LruCache::unbounded(),
+            evicted: 0,
+            requests: HashMap::new(),
+            request_order: VecDeque::new(),
+            preset: HashSet::new(),
+            newly_followed: Vec::new(),
         }
     }
 
@@ -244,83 +295,138 @@ impl Follower {
         let key = FlowKey::of(p);
         let psn = p.bth.psn & PSN_MASK;
         let op = p.opcode().operation();
-        let is_request = op.is_request();
+        let mtu = self.config.path_mtu;
 
-        let event = {
-            let mtu = self.config.path_mtu;
-            let followed =
-                self.config.qpn.is_none_or(|q| q == key.dest_qp) || self.preset.contains(&key);
-            if !self.flows.contains_key(&key) {
-                if let Some(ips) = key.ips() {
-                    self.by_ips.entry(ips).or_default().push(key);
-                    if followed {
-                        self.followed_by_ips.entry(ips).or_default().push(key);
-                    }
-                }
-            }
-            let state = self.flows.entry(key).or_insert_with(|| FlowState {
-                summary: DirectionSummary::default(),
-                window: (1, 1),
-                recent: VecDeque::with_capacity(RECENT),
-                followed,
-                paired: false,
-            });
-            let event = step(state, psn, op, p.ext.reth.map(|r| r.dma_len), mtu);
-            let s = &mut state.summary;
-            match p.ext.aeth.map(|a| a.syndrome) {
-                Some(AethSyndrome::Nak(_)) => s.naks += 1,
-                Some(AethSyndrome::RnrNak { .. }) => s.rnr_naks += 1,
-                _ => {}
-            }
-            if state.recent.len() == RECENT {
-                state.recent.pop_front();
-            }
-            state.recent.push_back((psn, is_request));
-            event
+        let followed = self.touch(key);
+        let table = if followed {
+            &mut self.followed
+        } else {
+            &mut self.unfollowed
         };
-
-        if op.is_response() && self.config.qpn.is_some() {
-            self.pair(key, psn);
+        let Some(state) = table.get_mut(&key) else {
+            // `touch` has just put it there.
+            return Observation {
+                flow: key,
+                psn,
+                event: PsnEvent::First,
+                followed,
+            };
+        };
+        let event = step(state, psn, op, p.ext.reth.map(|r| r.dma_len), mtu);
+        let s = &mut state.summary;
+        match p.ext.aeth.map(|a| a.syndrome) {
+            Some(AethSyndrome::Nak(_)) => s.naks += 1,
+            Some(AethSyndrome::RnrNak { .. }) => s.rnr_naks += 1,
+            _ => {}
         }
-        let followed = self.flows.get(&key).is_some_and(|s| s.followed);
+
+        if self.config.qpn.is_some() {
+            if op.is_request() {
+                self.remember_request(key, psn);
+            } else if op.is_response() {
+                self.pair(key, psn);
+            }
+        }
         Observation {
             flow: key,
             psn,
             event,
-            followed,
+            followed: self.followed.contains(&key),
         }
+    }
+
+    /// Makes `key` the most recently seen flow, creating it (and evicting the least recently
+    /// seen one if the table is full) if it is new; true if it is followed.
+    fn touch(&mut self, key: FlowKey) -> bool {
+        if self.followed.promote(&key) {
+            return true;
+        }
+        if self.unfollowed.promote(&key) {
+            return false;
+        }
+        if self.followed.len() + self.unfollowed.len() >= self.config.max_flows {
+            // Unfollowed flows are what a flood makes; the followed QP's go last.
+            if self.unfollowed.pop_lru().is_none() {
+                self.followed.pop_lru();
+            }
+            self.evicted += 1;
+        }
+        let followed =
+            self.config.qpn.is_none_or(|q| q == key.dest_qp) || self.preset.contains(&key);
+        let state = FlowState {
+            summary: DirectionSummary::default(),
+            window: (1, 1),
+            paired: false,
+        };
+        if followed {
+            self.followed.push(key, state);
+        } else {
+            self.unfollowed.push(key, state);
+        }
+        followed
+    }
+
+    /// Indexes a request of flow `key`, forgetting the oldest indexed request if the index is
+    /// full.
+    fn remember_request(&mut self, key: FlowKey, psn: u32) {
+        let Some((src, dst)) = key.ips() else { return };
+        if self.request_order.len() == RECENT_REQUESTS {
+            if let Some((at, old)) = self.request_order.pop_front() {
+                if let Some(flows) = self.requests.get_mut(&at) {
+                    if let Some(i) = flows.iter().position(|k| *k == old) {
+                        flows.swap_remove(i);
+                    }
+                    if flows.is_empty() {
+                        self.requests.remove(&at);
+                    }
+                }
+            }
+        }
+        let at = (src, dst, psn);
+        // Nearly always one flow per (addresses, PSN): no room for more until needed.
+        self.requests
+            .entry(at)
+            .or_insert_with(|| Vec::with_capacity(1))
+            .push(key);
+        self.request_order.push_back((at, key));
     }
 
     /// A response with `psn` in flow `key` answers a request with the same PSN in the reverse
     /// direction; if one side is followed, the other becomes followed too.
     fn pair(&mut self, key: FlowKey, psn: u32) {
         let Some((src, dst)) = key.ips() else { return };
-        let Some(this) = self.flows.get(&key) else {
+        let this_followed = self.followed.contains(&key);
+        let this = if this_followed {
+            self.followed.peek(&key)
+        } else {
+            self.unfollowed.peek(&key)
+        };
+        // A followed flow stops looking once it has found its peer.
+        if this.is_none_or(|s| this_followed && s.paired) {
+            return;
+        }
+        // Only the reverse flows that sent a request with this PSN lately, found through the
+        // index: an unfollowed response looks for a followed request and the other way round.
+        let Some(candidates) = self.requests.get(&(dst, src, psn)) else {
             return;
         };
-        // An unfollowed flow looks among the few followed reverse flows; a followed one among
-        // all reverse flows, but only until it has found its peer.
-        let candidates = match (this.followed, this.paired) {
-            (true, true) => return,
-            (true, false) => self.by_ips.get(&(dst, src)),
-            (false, _) => self.followed_by_ips.get(&(dst, src)),
+        let other_table = if this_followed {
+            &self.unfollowed
+        } else {
+            &self.followed
         };
-        let answered = |k: &&FlowKey| {
-            self.flows.get(*k).is_some_and(|o| {
-                o.followed != this.followed
-                    && o.recent
-                        .iter()
-                        .any(|&(p, is_request)| is_request && p == psn)
-            })
-        };
-        let Some(&other) = candidates.and_then(|c| c.iter().find(answered)) else {
-            return;
-        };
+        let answered = candidates.iter().copied().find(|k| {
+            *k != key
+                && other_table
+                    .peek(k)
+                    .is_some_and(|o| psn_distance(o.summary.highest_psn, psn) < RECENT)
+        });
+        let Some(other) = answered else { return };
         for k in [key, other] {
             if self.start_following(k) {
                 self.newly_followed.push(k);
             }
-            if let Some(s) = self.flows.get_mut(&k) {
+            if let Some(s) = self.followed.peek_mut(&k) {
                 s.paired = true;
             }
         }
@@ -328,17 +434,13 @@ impl Follower {
 
     /// Marks a known flow followed; true if it was not before.
     fn start_following(&mut self, key: FlowKey) -> bool {
-        let Some(state) = self.flows.get_mut(&key) else {
-            return false;
-        };
-        if state.followed {
-            return false;
+        match self.unfollowed.pop(&key) {
+            Some(state) => {
+                self.followed.push(key, state);
+                true
+            }
+            None => false,
         }
-        state.followed = true;
-        if let Some(ips) = key.ips() {
-            self.followed_by_ips.entry(ips).or_default().push(key);
-        }
-        true
     }
 
     /// Follows these flows from their first packet, as if already paired: used when the whole
@@ -350,7 +452,7 @@ impl Follower {
     /// # let frame = roce::doc_example_frame();
     /// let pkt = roce::decode_ethernet(&frame)?;
     ///
-    /// let mut f = Follower::new(FollowConfig { qpn: Some(pkt.bth.dest_qp ^ 1), path_mtu: None });
+    /// let mut f = Follower::new(FollowConfig { qpn: Some(pkt.bth.dest_qp ^ 1), ..FollowConfig::default() });
     /// f.follow([FlowKey::of(&pkt)]);
     /// assert!(f.observe(&pkt).followed);
     /// # Ok::<(), roce::DecodeError>(())
@@ -369,22 +471,40 @@ impl Follower {
         std::mem::take(&mut self.newly_followed)
     }
 
-    /// The keys of every followed flow, in key order.
+    /// The keys of every followed flow still kept, in key order.
     pub fn followed(&self) -> impl Iterator<Item = FlowKey> + '_ {
         self.summaries().map(|(k, _)| *k)
     }
 
-    /// The summary of every followed flow, in key order.
+    /// The summary of every followed flow still kept, in key order.
     pub fn summaries(&self) -> impl Iterator<Item = (&FlowKey, &DirectionSummary)> {
-        self.flows
-            .iter()
-            .filter(|(_, s)| s.followed)
-            .map(|(k, s)| (k, &s.summary))
+        let mut flows: Vec<(&FlowKey, &DirectionSummary)> =
+            self.followed.iter().map(|(k, s)| (k, &s.summary)).collect();
+        flows.sort_unstable_by_key(|(k, _)| **k);
+        flows.into_iter()
     }
 
-    /// The summary of one flow, followed or not.
+    /// The summary of one flow, followed or not, if it is still kept.
     pub fn summary(&self, key: &FlowKey) -> Option<&DirectionSummary> {
-        self.flows.get(key).map(|s| &s.summary)
+        self.followed
+            .peek(key)
+            .or_else(|| self.unfollowed.peek(key))
+            .map(|s| &s.summary)
+    }
+
+    /// Flows kept now, followed or not; at most [`FollowConfig::max_flows`].
+    pub fn flows(&self) -> usize {
+        self.followed.len() + self.unfollowed.len()
+    }
+
+    /// How many flows were forgotten to stay within [`FollowConfig::max_flows`].
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// The settings in force (`max_flows` at least 1).
+    pub fn config(&self) -> &FollowConfig {
+        &self.config
     }
 }
 
@@ -480,8 +600,6 @@ mod tests {
         FlowState {
             summary: DirectionSummary::default(),
             window: (1, 1),
-            recent: VecDeque::new(),
-            followed: true,
             paired: false,
         }
     }
@@ -642,5 +760,107 @@ mod tests {
                 missing: 1
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod bounds {
+    use super::*;
+    use crate::{Aeth, AethSyndrome, Opcode, PacketBuilder};
+    use std::net::Ipv4Addr;
+
+    const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+    fn packet(op: Opcode, src: Ipv4Addr, dst: Ipv4Addr, port: u16, qpn: u32, psn: u32) -> Vec<u8> {
+        let b = PacketBuilder::new(op)
+            .ipv4(src, dst)
+            .src_port(port)
+            .dest_qp(qpn)
+            .psn(psn);
+        let b = if op == Opcode::RC_ACKNOWLEDGE {
+            b.aeth(Aeth {
+                syndrome: AethSyndrome::Ack { credits: 31 },
+                msn: 1,
+            })
+        } else {
+            b.payload(*b"x")
+        };
+        b.frame().expect("frame")
+    }
+
+    fn observe(f: &mut Follower, frame: &[u8]) -> Observation {
+        f.observe(&crate::decode_ethernet(frame).expect("decode"))
+    }
+
+    #[test]
+    fn a_flood_evicts_unfollowed_flows_first() {
+        let mut f = Follower::new(FollowConfig {
+            qpn: Some(0x200),
+            max_flows: 8,
+            ..FollowConfig::default()
+        });
+        let send = Opcode::RC_SEND_ONLY;
+        assert!(observe(&mut f, &packet(send, A, B, 0xc100, 0x200, 1)).followed);
+        for i in 0..1000u32 {
+            let o = observe(&mut f, &packet(send, B, A, 0xc000, 0x1000 + i, i));
+            assert!(!o.followed);
+        }
+        assert_eq!(f.flows(), 8);
+        assert_eq!(f.evicted(), 1001 - 8);
+        // The followed flow kept its history through the flood.
+        let o = observe(&mut f, &packet(send, A, B, 0xc100, 0x200, 2));
+        assert_eq!((o.followed, o.event), (true, PsnEvent::InOrder));
+        // Without a filter every flow is followed; the table still holds 8.
+        let mut all = Follower::new(FollowConfig {
+            max_flows: 8,
+            ..FollowConfig::default()
+        });
+        for i in 0..100u32 {
+            observe(&mut all, &packet(send, B, A, 0xc000, 0x1000 + i, i));
+        }
+        assert_eq!(
+            (all.flows(), all.evicted(), all.summaries().count()),
+            (8, 92, 8)
+        );
+    }
+
+    #[test]
+    fn pairing_finds_the_request_through_the_index_despite_a_flood() {
+        let mut f = Follower::new(FollowConfig {
+            qpn: Some(0x200),
+            ..FollowConfig::default()
+        });
+        let (send, ack) = (Opcode::RC_SEND_ONLY, Opcode::RC_ACKNOWLEDGE);
+        // A's QP 0x100 sends to B's followed QP 0x200.
+        observe(&mut f, &packet(send, A, B, 0xc100, 0x200, 0x900));
+        // B's QP 0x200 sends a request to A's QP 0x100: unfollowed until paired.
+        assert!(!observe(&mut f, &packet(send, B, A, 0xc200, 0x100, 0x500)).followed);
+        // A flood of requests between the same hosts, to other QPs, PSNs all around 0x500.
+        for i in 0..3000u32 {
+            let psn = 0x400 + (i % 0x200);
+            if psn == 0x500 {
+                continue;
+            }
+            observe(
+                &mut f,
+                &packet(send, B, A, 0xc000 | (i as u16 & 0xfff), 0x10000 + i, psn),
+            );
+        }
+        // A's ACK of PSN 0x500 to B's QP (followed): it pairs B's request direction.
+        let o = observe(&mut f, &packet(ack, A, B, 0xc100, 0x200, 0x500));
+        assert!(o.followed);
+        let paired = f.take_newly_followed();
+        assert_eq!(paired.len(), 1, "{paired:?}");
+        assert_eq!(
+            (paired[0].dest_qp, paired[0].stream),
+            (0x100, Stream::Requests)
+        );
+        // B's ACK of A's 0x900 (to QP 0x100): the unfollowed response pairs with the followed
+        // request.
+        let o = observe(&mut f, &packet(ack, B, A, 0xc200, 0x100, 0x900));
+        assert!(o.followed);
+        assert_eq!(f.followed().count(), 4);
+        assert_eq!(f.followed().filter(|k| k.dest_qp >= 0x10000).count(), 0);
     }
 }

@@ -84,6 +84,7 @@ fn follows_both_directions_of_a_qp() {
     let mut f = Follower::new(FollowConfig {
         qpn: Some(QP_B),
         path_mtu: Some(1024),
+        ..FollowConfig::default()
     });
     let obs: Vec<_> = decode_all(&pkts).iter().map(|p| f.observe(p)).collect();
 
@@ -182,6 +183,7 @@ fn without_a_filter_every_flow_is_followed() {
     let mut f = Follower::new(FollowConfig {
         qpn: None,
         path_mtu: None,
+        ..FollowConfig::default()
     });
     let events: Vec<_> = decode_all(&conversation())
         .iter()

@@ -229,6 +229,7 @@ fn main() -> ExitCode {
     let mut follower = Follower::new(FollowConfig {
         qpn: None,
         path_mtu: None,
+        ..FollowConfig::default()
     });
     let mut stats = Stats::default();
     let (mut inputs, mut decoded, mut rendered) = (0u64, 0u64, 0usize);

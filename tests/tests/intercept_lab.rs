@@ -77,7 +77,9 @@ impl CollectorProc {
             cmd.args(["--limit", limit]);
         }
         let mut child = cmd
-            .env("RUST_LOG", "info")
+            // Admission decisions are logged one a line at debug only (info
+            // has a periodic summary); these tests count them.
+            .env("RUST_LOG", "info,rdma_collector=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Parser};
+use roce::follow::DEFAULT_MAX_FLOWS;
 use telemetry_ebpf::capture::filter::ClassFilter;
 use telemetry_ebpf::capture::loader::{Capture, CapturePoint};
 use telemetry_ebpf::capture::netdev;
 use telemetry_ebpf::capture::offline;
+use telemetry_ebpf::capture::output::OutputFile;
 use telemetry_ebpf::capture::processor::{KernelCounters, Output, Processor, ProcessorConfig};
 use telemetry_ebpf::capture::{wall_time, MAX_SNAPLEN};
 
@@ -51,7 +53,9 @@ struct Args {
     /// privileges.
     #[arg(short = 'r', long, value_name = "FILE.pcap", conflicts_with_all = ["interface", "device", "rxe", "duration"])]
     read: Option<PathBuf>,
-    /// Write the packets shown to this pcap file (Ethernet, nanosecond timestamps).
+    /// Write the packets shown to this pcap file (Ethernet, nanosecond timestamps). Created
+    /// mode 0600 (it holds payloads); a symlink at the path is refused, an existing file
+    /// replaced, and the file is removed again if the capture fails.
     #[arg(short = 'w', long, value_name = "FILE.pcap")]
     write: Option<PathBuf>,
     /// Print one JSON object per packet, and the summary as a final {"summary": …} line.
@@ -69,6 +73,11 @@ struct Args {
     /// or a transport: rc, uc, rd, ud, xrc.
     #[arg(long, value_name = "CLASSES", value_parser = parse_classes)]
     class: Option<ClassFilter>,
+    /// The most PSN flows (address, port, QP, stream) followed at once; beyond it the least
+    /// recently seen are forgotten (unfollowed first) and counted in the summary. Bounds
+    /// memory against spoofed traffic: about 220 bytes a flow.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_FLOWS, value_parser = parse_max_flows)]
+    max_flows: usize,
     /// Path MTU in bytes, so the PSN follower knows how many PSNs an RDMA READ reserves.
     #[arg(long, value_name = "BYTES")]
     mtu: Option<u32>,
@@ -105,6 +114,14 @@ fn parse_qpn(s: &str) -> Result<u32, String> {
         ));
     }
     Ok(n)
+}
+
+fn parse_max_flows(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a number")),
+    }
 }
 
 fn parse_classes(s: &str) -> Result<ClassFilter, String> {
@@ -161,16 +178,15 @@ fn monotonic_offset_ns() -> i128 {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let pcap = args
-        .write
-        .as_ref()
-        .map(|p| {
-            File::create(p)
-                .map(BufWriter::new)
-                .with_context(|| format!("cannot create {}", p.display()))
-        })
-        .transpose()?;
-    let output = match (args.json, args.quiet) {
+    // Removed again (when `output` drops) unless the capture completes.
+    let (output, pcap): (Option<OutputFile>, Option<BufWriter<File>>) = match &args.write {
+        Some(path) => {
+            let (guard, file) = OutputFile::create(path)?;
+            (Some(guard), Some(BufWriter::new(file)))
+        }
+        None => (None, None),
+    };
+    let format = match (args.json, args.quiet) {
         (true, _) => Output::Json,
         (_, true) => Output::Quiet,
         _ => Output::Text,
@@ -179,7 +195,8 @@ fn main() -> Result<()> {
         qpn: args.qpn,
         classes: args.class.clone().unwrap_or_default(),
         path_mtu: args.mtu,
-        output,
+        output: format,
+        max_flows: args.max_flows,
     };
     let mut processor = Processor::new(config, pcap, args.snaplen)?;
     let stdout = std::io::stdout();
@@ -197,13 +214,20 @@ fn main() -> Result<()> {
     };
 
     let summary = processor.summary(kernel);
-    if output == Output::Json {
+    if format == Output::Json {
         let line = serde_json::json!({ "summary": summary });
         writeln!(out, "{line}").context("writing output")?;
     }
     out.flush().context("writing output")?;
-    if let Some(mut file) = processor.finish()? {
-        file.flush().context("writing the pcap file")?;
+    if let Some(file) = processor.finish().context("writing the pcap file")? {
+        let file = file
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .context("writing the pcap file")?;
+        file.sync_all().context("writing the pcap file")?;
+    }
+    if let Some(output) = output {
+        output.keep();
     }
     eprintln!("--- rdma-capture summary ({label}) ---\n{summary}");
     Ok(())

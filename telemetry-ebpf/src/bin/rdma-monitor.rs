@@ -57,7 +57,7 @@ struct Args {
     /// Run the admission collector for LD_PRELOAD=librdma_intercept.so on this socket.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = DEFAULT_SOCKET)]
     collector: Option<PathBuf>,
-    /// What a collector tenant is: the program's user name or its cgroup's last component.
+    /// What a collector tenant is: the program's user name or its whole cgroup v2 path.
     #[arg(long, value_name = "user|cgroup", default_value_t = TenantBy::User)]
     tenant_by: TenantBy,
     /// Also print every call as it happens (pid, comm, cgroup, verb, device, result, latency).

@@ -12,12 +12,14 @@
 //! - [`offline`]: decoding a pcap file instead of live traffic;
 //! - [`filter`]: opcode classes;
 //! - [`processor`]: decode, filter, follow a QP's PSNs, print, write pcap, summarize;
+//! - [`output`]: the `-w` file, private and never through a symlink;
 //! - [`loader`]: loading and attaching the programs with aya.
 
 pub mod filter;
 pub mod loader;
 pub mod netdev;
 pub mod offline;
+pub mod output;
 pub mod processor;
 pub mod record;
 

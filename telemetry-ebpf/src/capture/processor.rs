@@ -12,7 +12,9 @@ use serde::Serialize;
 
 use super::filter::ClassFilter;
 use super::record::{Record, Source};
-use roce::follow::{DirectionSummary, FlowKey, FollowConfig, Follower, PsnEvent};
+use roce::follow::{
+    DirectionSummary, FlowKey, FollowConfig, Follower, PsnEvent, DEFAULT_MAX_FLOWS,
+};
 use roce::pcap::{self, LinkType, PcapWriter, Resolution, Timestamp};
 use roce::stats::Stats;
 use roce::{internet_checksum, render};
@@ -30,7 +32,7 @@ pub enum Output {
 }
 
 /// Settings of a [`Processor`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ProcessorConfig {
     /// Show only this QP's traffic: packets to it and its peer's packets back, paired by PSN
     /// (a response in one direction answering a request in the other). The peer's packets
@@ -44,6 +46,32 @@ pub struct ProcessorConfig {
     pub path_mtu: Option<u32>,
     /// Per-packet output.
     pub output: Output,
+    /// The most PSN flows followed at once ([`FollowConfig::max_flows`]); the summary counts
+    /// the ones forgotten beyond it.
+    pub max_flows: usize,
+}
+
+impl Default for ProcessorConfig {
+    fn default() -> Self {
+        ProcessorConfig {
+            qpn: None,
+            classes: ClassFilter::default(),
+            path_mtu: None,
+            output: Output::default(),
+            max_flows: DEFAULT_MAX_FLOWS,
+        }
+    }
+}
+
+impl ProcessorConfig {
+    /// The follower's settings.
+    fn follow(&self) -> FollowConfig {
+        FollowConfig {
+            qpn: self.qpn,
+            path_mtu: self.path_mtu,
+            max_flows: self.max_flows,
+        }
+    }
 }
 
 /// Kernel-side counters, read from the BPF programs' per-CPU map at the end.
@@ -122,10 +150,7 @@ impl<W: Write> Processor<W> {
             .map(|w| PcapWriter::new(w, LinkType::Ethernet, file_snaplen, Resolution::Nanos))
             .transpose()?;
         Ok(Processor {
-            follower: Follower::new(FollowConfig {
-                qpn: config.qpn,
-                path_mtu: config.path_mtu,
-            }),
+            follower: Follower::new(config.follow()),
             hold_unpaired: config.qpn.is_some(),
             config,
             stats: Stats::default(),
@@ -282,10 +307,8 @@ impl<W: Write> Processor<W> {
         if self.config.qpn.is_none() {
             return;
         }
-        let mut scout = Follower::new(FollowConfig {
-            qpn: self.config.qpn,
-            path_mtu: self.config.path_mtu,
-        });
+        // Bounded like the real pass: the file can hold as many flows as the wire.
+        let mut scout = Follower::new(self.config.follow());
         for record in records {
             let Ok(record) = record else { break };
             let (frame, orig_len, _) = as_ethernet(&record);
@@ -315,6 +338,9 @@ impl<W: Write> Processor<W> {
             ip_checksums_filled: self.ip_checksums_filled,
             stats: self.stats.clone(),
             kernel,
+            flows_kept: self.follower.flows(),
+            flows_evicted: self.follower.evicted(),
+            max_flows: self.follower.config().max_flows,
             flows: self
                 .follower
                 .summaries()
@@ -412,6 +438,13 @@ pub struct Summary {
     pub stats: Stats,
     /// The kernel side's counters, including drops.
     pub kernel: KernelCounters,
+    /// Flows (followed or not) the PSN follower holds at the end.
+    pub flows_kept: usize,
+    /// Flows the PSN follower forgot to stay within `max_flows`; their PSN history is lost
+    /// (a flow seen again starts afresh).
+    pub flows_evicted: u64,
+    /// The bound on flows held (`--max-flows`).
+    pub max_flows: usize,
     /// Every followed PSN sequence (every flow without `--qpn`).
     pub flows: Vec<FlowSummary>,
 }
@@ -439,6 +472,11 @@ impl fmt::Display for Summary {
             f,
             "kernel: inspected {}, matched {}, dropped (ring buffer full) {}",
             self.kernel.inspected, self.kernel.matched, self.kernel.dropped
+        )?;
+        write!(
+            f,
+            "\nflows: {} kept, {} evicted (--max-flows {})",
+            self.flows_kept, self.flows_evicted, self.max_flows
         )?;
         for flow in &self.flows {
             let s = &flow.summary;
