@@ -284,9 +284,9 @@ struct Shared {
     slots: Arc<Semaphore>,
     /// Connections not yet admitted, in all and per source address.
     pending: Arc<Semaphore>,
-    pending_by_address: Mutex<HashMap<IpAddr, usize>>,
+    pending_by_address: KeyCounts<IpAddr>,
     /// Live sessions per identity.
-    sessions_by_identity: Mutex<HashMap<String, usize>>,
+    sessions_by_identity: KeyCounts<String>,
     /// This process's cgroup v2 id (0 if unknown), for quota registrations.
     cgroup_id: u64,
 }
@@ -382,8 +382,8 @@ impl Server {
         let shared = Shared {
             slots: Arc::new(Semaphore::new(config.max_clients)),
             pending: Arc::new(Semaphore::new(config.limits.max_pending)),
-            pending_by_address: Mutex::new(HashMap::new()),
-            sessions_by_identity: Mutex::new(HashMap::new()),
+            pending_by_address: KeyCounts::default(),
+            sessions_by_identity: KeyCounts::default(),
             cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
             devices: Devices {
                 fixed,
@@ -545,6 +545,40 @@ impl Shared {
     }
 }
 
+/// Live counts per key (connections per address, sessions per identity); a key leaves the map
+/// when its count returns to 0, so the map holds only keys in use.
+struct KeyCounts<K>(Mutex<HashMap<K, usize>>);
+
+impl<K> Default for KeyCounts<K> {
+    fn default() -> Self {
+        KeyCounts(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K: Eq + std::hash::Hash + Clone> KeyCounts<K> {
+    /// Counts one more for `key`, unless it already has `max`: then `Err` with its count.
+    fn take(&self, key: &K, max: Option<usize>) -> Result<(), usize> {
+        let mut by = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = by.entry(key.clone()).or_insert(0);
+        if max.is_some_and(|max| *n >= max) {
+            return Err(*n);
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    /// Counts one less for `key`.
+    fn release(&self, key: &K) {
+        let mut by = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = by.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(key);
+            }
+        }
+    }
+}
+
 /// A connection that is not admitted yet: counted against the pending limits until dropped.
 struct Pending {
     _permit: OwnedSemaphorePermit,
@@ -562,17 +596,14 @@ impl Pending {
                 limits.max_pending
             ));
         };
-        let mut by = shared
+        if let Err(n) = shared
             .pending_by_address
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let n = by.entry(address).or_insert(0);
-        if *n >= limits.max_pending_per_address {
+            .take(&address, Some(limits.max_pending_per_address))
+        {
             return Err(format!(
                 "{address} already has {n} connections in TLS handshake or admission (--max-pending-per-address)"
             ));
         }
-        *n += 1;
         Ok(Pending {
             _permit: permit,
             address,
@@ -583,17 +614,7 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let mut by = self
-            .shared
-            .pending_by_address
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = by.get_mut(&self.address) {
-            *n -= 1;
-            if *n == 0 {
-                by.remove(&self.address);
-            }
-        }
+        self.shared.pending_by_address.release(&self.address);
     }
 }
 
@@ -605,23 +626,17 @@ struct IdentitySession {
 
 impl IdentitySession {
     fn take(shared: &Arc<Shared>, identity: &str) -> Result<IdentitySession, RejectReason> {
-        let mut by = shared
-            .sessions_by_identity
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let n = by.entry(identity.to_owned()).or_insert(0);
-        if let Some(max) = shared.config.limits.max_sessions_per_identity {
-            if *n >= max {
-                return Err(RejectReason::IdentityLimit {
-                    identity: identity.to_owned(),
-                    active: *n,
-                    max,
-                });
-            }
+        let identity = identity.to_owned();
+        let max = shared.config.limits.max_sessions_per_identity;
+        if let Err(active) = shared.sessions_by_identity.take(&identity, max) {
+            return Err(RejectReason::IdentityLimit {
+                identity,
+                active,
+                max: max.unwrap_or(active),
+            });
         }
-        *n += 1;
         Ok(IdentitySession {
-            identity: identity.to_owned(),
+            identity,
             shared: Arc::clone(shared),
         })
     }
@@ -629,17 +644,7 @@ impl IdentitySession {
 
 impl Drop for IdentitySession {
     fn drop(&mut self) {
-        let mut by = self
-            .shared
-            .sessions_by_identity
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = by.get_mut(&self.identity) {
-            *n -= 1;
-            if *n == 0 {
-                by.remove(&self.identity);
-            }
-        }
+        self.shared.sessions_by_identity.release(&self.identity);
     }
 }
 

@@ -177,6 +177,15 @@ impl Victim {
         );
     }
 
+    /// Waits until the client reported an acknowledgement it never asked for (a forged
+    /// message, with payload protection off) and reconnected.
+    fn noticed_the_forgery_and_reconnected(&self) {
+        self.err.wait_for("the client noticing", 1, STEP, |l| {
+            l.contains("session lost") && l.contains("forged")
+        });
+        self.wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+    }
+
     /// Types a command.
     fn command(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
@@ -547,15 +556,7 @@ fn baseline_on_path_forged_send_is_delivered_as_the_client() {
     // acknowledgement of the *forged* message as its own. But the idle client reads its TLS
     // channel: an acknowledgement of an operation it never made means a forged message, so it
     // drops the session and reconnects, and its next messages arrive on the new session.
-    run.session
-        .victim
-        .err
-        .wait_for("the client noticing", 1, STEP, |l| {
-            l.contains("session lost") && l.contains("forged")
-        });
-    run.session
-        .victim
-        .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+    run.session.victim.noticed_the_forgery_and_reconnected();
     let (second, third) = follow_up(&mut run, "send");
     let sends = run.session.delivered("SEND received");
     let (d_a, d_b) = run.counters.since();
@@ -618,15 +619,7 @@ fn baseline_forged_write_with_immediate_lands_at_the_observed_rkey_and_address()
         (VICTIM.to_owned(), 2, FORGED_WRITE.to_owned()),
         "{writes:?}"
     );
-    run.session
-        .victim
-        .err
-        .wait_for("the client noticing", 1, STEP, |l| {
-            l.contains("session lost") && l.contains("forged")
-        });
-    run.session
-        .victim
-        .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+    run.session.victim.noticed_the_forgery_and_reconnected();
     let (second, third) = follow_up(&mut run, "write");
     let writes = run.session.delivered("WRITE landed");
     let (d_a, d_b) = run.counters.since();
