@@ -79,12 +79,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "crate boundaries"
 for crate in roce rdma-quota; do
     heavy=$(cargo tree -p "$crate" -e normal --locked --prefix none |
-        awk '{print $1}' | grep -xE 'aya|aya-obj|tokio|rustls|ring|sideway|rdma-mummy-sys|secure-rdma' | sort -u || true)
+        awk '{print $1}' | grep -xE 'aya|aya-obj|tokio|rustls|ring|sideway|rdma-mummy-sys|secure-rdma|criterion' | sort -u || true)
     if [ -n "$heavy" ]; then
         echo "test.sh: $crate must not depend on: $heavy" >&2
         exit 1
     fi
-    echo "$crate: no aya, tokio, rustls, ring or sideway in its normal dependencies"
+    echo "$crate: no aya, tokio, rustls, ring, sideway or criterion in its normal dependencies"
 done
 # rust-version must be one the locked dependencies accept (cargo would not check it for us).
 python3 - <<'PY'
