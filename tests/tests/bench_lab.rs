@@ -51,7 +51,7 @@ fn bench_connect_send_write_print_sane_json() {
     require_lab();
     let pki = Pki::new();
     pki.clients(&["bench".to_owned()]);
-    let server = ServerProc::start(&pki, 4601, &["--allow-unprotected"]);
+    let server = ServerProc::start(&pki, 4701, &["--allow-unprotected"]);
 
     let v = bench(
         client(&pki, &server, Some("bench"))
@@ -115,7 +115,7 @@ fn bench_hold_establishes_a_thousand_sessions() {
     raise_fd_limit();
     let server = ServerProc::start_with_log(
         &pki,
-        4602,
+        4702,
         &[
             "--max-clients",
             "1000",
@@ -124,7 +124,8 @@ fn bench_hold_establishes_a_thousand_sessions() {
             "--max-pending",
             "64",
         ],
-        "warn",
+        // Quiet (2,000 connect/gone lines), but the readiness line is needed.
+        "warn,secure_server=info",
     );
     let rss_idle = server.rss_kib();
     let v = bench(
