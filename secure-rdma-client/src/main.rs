@@ -1,13 +1,17 @@
 //! `secure-client`: argument parsing and the command prompt; the protocol
 //! lives in `secure_rdma::client`.
 
+mod bench;
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
-use secure_rdma::client::{connect_with_retry, Backoff, Client, ClientConfig, ClientError};
+use secure_rdma::client::{
+    connect_with_retry, Backoff, Client, ClientConfig, ClientError, Connector,
+};
 use secure_rdma::protect::Cipher;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -24,6 +28,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 ///
 /// Commands come from --exec (repeatable), else from stdin (a prompt when it
 /// is a terminal). Each acknowledgement from the server is printed.
+///
+/// `secure-client HOST bench connect|send|write|hold ...` measures instead
+/// (see `secure-client HOST bench --help`).
 ///
 /// Every payload is sealed with an AEAD (AES-256-GCM or ChaCha20-Poly1305,
 /// keys from the TLS session): an on-path attacker can neither read nor forge
@@ -98,6 +105,17 @@ struct Cli {
     /// with jitter)
     #[arg(long, value_name = "N", default_value_t = 6)]
     reconnect_attempts: u32,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// What to do instead of running commands.
+#[derive(Debug, Clone, clap::Subcommand)]
+enum Command {
+    /// Measure connection setup, latency, bandwidth or many sessions held (one report per run;
+    /// JSON with --json). Latency is half the round trip of an RDMA operation and the server's
+    /// TLS acknowledgement, as perftest reports half a ping-pong
+    Bench(bench::BenchArgs),
 }
 
 /// The ciphers `--cipher` accepts, preferred first.
@@ -186,6 +204,9 @@ async fn run(cli: Cli) -> i32 {
         max_buffer_size: cli.max_buffer_size,
         allow_gid_mismatch: cli.allow_gid_mismatch,
     };
+    if let Some(Command::Bench(b)) = &cli.command {
+        return run_bench(cfg, b).await;
+    }
     let backoff = Backoff {
         attempts: if cli.no_reconnect {
             0
@@ -312,6 +333,29 @@ async fn run(cli: Cli) -> i32 {
     status
 }
 
+/// `bench`: exit 0 with the report on stdout, 1 (bench failed) or 2 (bad arguments).
+async fn run_bench(cfg: ClientConfig, b: &bench::BenchArgs) -> i32 {
+    if let Err(e) = bench::validate(&b.kind) {
+        eprintln!("secure-client: bench: {e}");
+        return 2;
+    }
+    let connector = Connector::new(cfg);
+    match bench::run(&connector, &b.kind).await {
+        Ok(report) => {
+            if b.json {
+                println!("{report}");
+            } else {
+                print!("{}", bench::text(&report));
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("secure-client: bench: {e:#}");
+            1
+        }
+    }
+}
+
 /// What the prompt loop waits for.
 enum Next {
     Line(std::io::Result<Option<String>>),
@@ -359,6 +403,163 @@ async fn connect(cfg: &ClientConfig, backoff: Backoff, again: bool) -> Result<Cl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bench_of(args: &[&str]) -> bench::Bench {
+        let cli = Cli::try_parse_from(args).expect("parses");
+        match cli.command {
+            Some(Command::Bench(b)) => b.kind,
+            None => panic!("no bench in {args:?}"),
+        }
+    }
+
+    #[test]
+    fn bench_arguments_parse_after_the_host() {
+        let b = bench_of(&[
+            "secure-client",
+            "10.77.0.1",
+            "--name",
+            "alice",
+            "bench",
+            "connect",
+            "-n",
+            "20",
+            "-c",
+            "4",
+        ]);
+        assert!(matches!(
+            b,
+            bench::Bench::Connect {
+                n: 20,
+                concurrency: 4
+            }
+        ));
+        // The optional server name still parses before the subcommand.
+        let cli = Cli::try_parse_from([
+            "secure-client",
+            "10.77.0.1",
+            "srv",
+            "bench",
+            "hold",
+            "-n",
+            "1000",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(cli.server_name.as_deref(), Some("srv"));
+        let Some(Command::Bench(b)) = cli.command else {
+            panic!("no bench")
+        };
+        assert!(b.json);
+        assert!(matches!(
+            b.kind,
+            bench::Bench::Hold {
+                n: 1000,
+                concurrency: 8,
+                hold: 0
+            }
+        ));
+        let b = bench_of(&[
+            "secure-client",
+            "h",
+            "bench",
+            "send",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+            "--window",
+            "8",
+            "--poll",
+            "busy",
+        ]);
+        let bench::Bench::Send(a) = b else {
+            panic!("not send")
+        };
+        assert_eq!(
+            (a.size, a.iters, a.window, a.poll),
+            (4096, 100, 8, secure_rdma::verbs::Poll::Busy)
+        );
+        let b = bench_of(&[
+            "secure-client",
+            "--no-payload-protection",
+            "h",
+            "bench",
+            "write",
+        ]);
+        let bench::Bench::Write(a) = b else {
+            panic!("not write")
+        };
+        assert_eq!(
+            (a.size, a.iters, a.window, a.poll),
+            (64, 1000, 1, secure_rdma::verbs::Poll::Event)
+        );
+        assert!(
+            Cli::try_parse_from(["secure-client", "h", "bench", "send", "--poll", "spin"]).is_err()
+        );
+        // Without a subcommand the client runs commands as before.
+        assert!(Cli::try_parse_from(["secure-client", "h"])
+            .unwrap()
+            .command
+            .is_none());
+    }
+
+    #[test]
+    fn bench_ranges_are_checked() {
+        let check = |args: &[&str]| bench::validate(&bench_of(args));
+        assert!(check(&["c", "h", "bench", "send", "--window", "16"]).is_ok());
+        assert!(check(&["c", "h", "bench", "send", "--window", "17"])
+            .unwrap_err()
+            .contains("receive slots"));
+        assert!(check(&["c", "h", "bench", "write", "--window", "2"])
+            .unwrap_err()
+            .contains("--window 1"));
+        assert!(check(&["c", "h", "bench", "connect", "-n", "0"]).is_err());
+        assert!(check(&["c", "h", "bench", "hold", "-c", "0"]).is_err());
+    }
+
+    #[test]
+    fn bench_reports_have_the_issue_json_shape() {
+        let s = bench::Summary::of(&[3.0, 1.0, 2.0, 4.0]);
+        assert_eq!((s.p50, s.p99, s.mean), (2.0, 4.0, 2.5));
+        assert_eq!(bench::Summary::of(&[]), bench::Summary::default());
+        let connect = serde_json::to_value(bench::ConnectReport {
+            connections: 2,
+            concurrency: 1,
+            per_connection_us: s,
+            phases_us: bench::PhaseSummaries {
+                tcp_tls: s,
+                admission: s,
+                rdma_setup: s,
+                confirmation: s,
+            },
+            total_ms: 1.0,
+        })
+        .unwrap();
+        assert_eq!(connect["connections"], 2);
+        for k in ["p50", "p99", "mean"] {
+            assert!(connect["per_connection_us"][k].is_number(), "{k}");
+        }
+        for phase in ["tcp_tls", "admission", "rdma_setup", "confirmation"] {
+            assert!(connect["phases_us"][phase]["p50"].is_number(), "{phase}");
+        }
+        let data = serde_json::to_value(bench::DataReport {
+            op: "send",
+            size: 64,
+            iters: 10,
+            window: 1,
+            poll: "busy",
+            protection: "aes-256-gcm".into(),
+            latency_us: s,
+            bandwidth_mb_s: 1.5,
+        })
+        .unwrap();
+        for k in ["op", "size", "iters", "latency_us", "bandwidth_mb_s"] {
+            assert!(data.get(k).is_some(), "{k}");
+        }
+        assert_eq!(data["latency_us"]["p50"], 2.0);
+        let text = bench::text(&data);
+        assert!(text.contains("latency_us.p50 2.0\n"), "{text}");
+    }
 
     #[test]
     fn commands_parse_with_clear_errors() {

@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
@@ -293,46 +293,111 @@ fn tls_or(e: HandshakeError) -> ClientError {
     ClientError::Session(e.into())
 }
 
-/// What the server acknowledged.
-pub use crate::handshake::Ack;
-
-/// A connected, confirmed client.
-pub struct Client {
-    // Drop order: the RDMA session before the TLS channel.
-    session: Session,
-    /// Operations made in this session; the server numbers its
-    /// acknowledgements the same way.
-    ops: u64,
-    chan: Channel<TlsStream<TcpStream>>,
-    identity: String,
-    device: Arc<Device>,
-    timeout: Duration,
+/// How long each phase of one connection took (see [`Connector::connect_timed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Phases {
+    /// TCP connect and the TLS 1.3 handshake with mutual authentication.
+    pub tcp_tls: Duration,
+    /// Hello sent until the server's verdict.
+    pub admission: Duration,
+    /// Device and GID, PD, CQs, MRs, QP, endpoints exchanged, QP in RTS.
+    pub rdma_setup: Duration,
+    /// Tokens over RDMA and confirmations over TLS.
+    pub confirmation: Duration,
 }
 
-impl Client {
-    /// Connects, authenticates, is admitted, sets up and confirms RDMA.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use secure_rdma::client::{Client, ClientConfig};
-    ///
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut client = Client::connect(&ClientConfig {
-    ///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
-    ///     timeout: Duration::from_secs(5),
-    ///     ..ClientConfig::new("10.77.0.1")
-    /// })
-    /// .await?;
-    /// let ack = client.send(b"hello over RDMA").await?;
-    /// assert_eq!(ack.bytes, 15);
-    /// client.quit().await;
-    /// # Ok(()) }
-    /// ```
-    pub async fn connect(cfg: &ClientConfig) -> Result<Client, ClientError> {
-        let tls_config = match &cfg.identity {
-            Some((cert, key)) => tls::client_config(&cfg.ca, cert, key)?,
-            None => tls::client_config_without_cert(&cfg.ca)?,
+/// Makes many connections with one configuration: the TLS configuration (certificates read and
+/// parsed) and the RDMA device (opened once, `ibv_open_device` and GID table read) are made on
+/// first use and shared by every connection, as one process serving many sessions should.
+/// [`Client::connect`] is a connector used once.
+///
+/// ```no_run
+/// use secure_rdma::client::{ClientConfig, Connector};
+///
+/// # async fn demo() -> Result<(), secure_rdma::client::ClientError> {
+/// let connector = Connector::new(ClientConfig {
+///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
+///     ..ClientConfig::new("10.77.0.1")
+/// });
+/// for _ in 0..10 {
+///     let (client, phases) = connector.connect_timed().await?;
+///     println!("TLS in {:?}, RDMA setup in {:?}", phases.tcp_tls, phases.rdma_setup);
+///     client.quit().await;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Connector {
+    cfg: ClientConfig,
+    tls: Mutex<Option<Arc<rustls::ClientConfig>>>,
+    /// The device and GID for the local address they were picked for.
+    device: Mutex<Option<(std::net::IpAddr, Arc<Device>, crate::verbs::GidEntry)>>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("host", &self.cfg.host)
+            .field("port", &self.cfg.port)
+            .finish()
+    }
+}
+
+impl Connector {
+    /// A connector for `cfg`; nothing is opened until the first connection.
+    pub fn new(cfg: ClientConfig) -> Connector {
+        Connector {
+            cfg,
+            tls: Mutex::new(None),
+            device: Mutex::new(None),
+        }
+    }
+
+    /// The configuration every connection uses.
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    /// Connects like [`Client::connect`].
+    pub async fn connect(&self) -> Result<Client, ClientError> {
+        Ok(self.connect_timed().await?.0)
+    }
+
+    fn tls_config(&self) -> Result<Arc<rustls::ClientConfig>, ClientError> {
+        let mut slot = self.tls.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = &*slot {
+            return Ok(c.clone());
+        }
+        let c = match &self.cfg.identity {
+            Some((cert, key)) => tls::client_config(&self.cfg.ca, cert, key)?,
+            None => tls::client_config_without_cert(&self.cfg.ca)?,
         };
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// The device and GID for connections from `local`: opened for the first, then shared
+    /// (a connection from another local address picks again).
+    fn device(
+        &self,
+        local: SocketAddr,
+    ) -> Result<(Arc<Device>, crate::verbs::GidEntry), VerbsError> {
+        let mut slot = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((ip, dev, gid)) = &*slot {
+            if *ip == local.ip() {
+                return Ok((dev.clone(), gid.clone()));
+            }
+        }
+        let (dev, gid) = pick_device(&self.cfg, local)?;
+        *slot = Some((local.ip(), dev.clone(), gid.clone()));
+        Ok((dev, gid))
+    }
+
+    /// Connects, authenticates, is admitted, sets up and confirms RDMA (as [`Client::connect`]),
+    /// and says how long each phase took.
+    pub async fn connect_timed(&self) -> Result<(Client, Phases), ClientError> {
+        let cfg = &self.cfg;
+        let tls_config = self.tls_config()?;
+        let started = Instant::now();
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let unreachable = |source: std::io::Error| ClientError::Unreachable {
             addr: addr.clone(),
@@ -367,6 +432,7 @@ impl Client {
                 None => ClientError::TlsIo(e),
             }
         })?;
+        let tcp_tls = started.elapsed();
         let conn = &tls.get_ref().1;
         let tokens = Tokens {
             mine: tls::confirmation_token(conn, Side::Client)?,
@@ -380,6 +446,7 @@ impl Client {
         })
         .await
         .map_err(tls_or)?;
+        let admission_started = Instant::now();
         let verdict = tokio::time::timeout(cfg.timeout, chan.expect_verdict())
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
@@ -430,7 +497,8 @@ impl Client {
             .peer_addr()
             .map_err(unreachable)?
             .ip();
-        let (device, sgid) = pick_device(cfg, local).map_err(ClientError::Device)?;
+        let admission = admission_started.elapsed();
+        let (device, sgid) = self.device(local).map_err(ClientError::Device)?;
         let session_cfg = SessionConfig {
             buffer_size,
             timeout: cfg.timeout,
@@ -448,14 +516,65 @@ impl Client {
                 SessionError::Verbs(v) => ClientError::Device(v),
                 other => ClientError::Session(other),
             })?;
-        Ok(Client {
+        let timing = session.timing();
+        let phases = Phases {
+            tcp_tls,
+            admission,
+            // Opening the device (the first time) and picking the GID belong to RDMA setup.
+            rdma_setup: started
+                .elapsed()
+                .saturating_sub(tcp_tls + admission + timing.confirmation),
+            confirmation: timing.confirmation,
+        };
+        let client = Client {
             session,
             ops: 0,
             chan,
             identity,
             device,
             timeout: cfg.timeout,
-        })
+        };
+        Ok((client, phases))
+    }
+}
+
+/// What the server acknowledged.
+pub use crate::handshake::Ack;
+
+/// A connected, confirmed client.
+pub struct Client {
+    // Drop order: the RDMA session before the TLS channel.
+    session: Session,
+    /// Operations made in this session; the server numbers its
+    /// acknowledgements the same way.
+    ops: u64,
+    chan: Channel<TlsStream<TcpStream>>,
+    identity: String,
+    device: Arc<Device>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// Connects, authenticates, is admitted, sets up and confirms RDMA.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use secure_rdma::client::{Client, ClientConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut client = Client::connect(&ClientConfig {
+    ///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
+    ///     timeout: Duration::from_secs(5),
+    ///     ..ClientConfig::new("10.77.0.1")
+    /// })
+    /// .await?;
+    /// let ack = client.send(b"hello over RDMA").await?;
+    /// assert_eq!(ack.bytes, 15);
+    /// client.quit().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(cfg: &ClientConfig) -> Result<Client, ClientError> {
+        Ok(Connector::new(cfg.clone()).connect_timed().await?.0)
     }
 
     /// The identity the server authenticated.
@@ -481,7 +600,9 @@ impl Client {
         &mut self.session
     }
 
-    async fn ack(&mut self, op: Op) -> Result<Ack, ClientError> {
+    /// Waits for the server's acknowledgement of an operation made through
+    /// [`Client::session_mut`] (acknowledgements come in order, one per operation).
+    pub async fn ack(&mut self, op: Op) -> Result<Ack, ClientError> {
         let ack = tokio::time::timeout(self.timeout, self.chan.expect_ack())
             .await
             .map_err(|_| {

@@ -19,8 +19,8 @@ use crate::psn::Psn;
 use crate::quota::{Admission, Refusal, TenantQuota, Verb};
 use crate::tls::TOKEN_LEN;
 use crate::verbs::{
-    Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MrAccess, QpAttributes, QpCaps,
-    QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
+    Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MrAccess, Poll, QpAttributes,
+    QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
 };
 
 /// Errors of session setup and use.
@@ -217,6 +217,15 @@ pub struct Wiring {
     pub queried: QpAttributes,
 }
 
+/// How long [`Session::establish`] took, in its two phases (for benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EstablishTiming {
+    /// PD, CQs, MRs and QP made, endpoints exchanged over TLS, QP in RTS, both sides ready.
+    pub setup: Duration,
+    /// The tokens exchanged over RDMA and the confirmations over TLS.
+    pub confirmation: Duration,
+}
+
 /// Something the peer made land on this side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
@@ -246,6 +255,7 @@ pub struct Session {
     slot_len: usize,
     config: SessionConfig,
     wiring: Wiring,
+    timing: EstablishTiming,
 }
 
 impl std::fmt::Debug for Session {
@@ -295,6 +305,7 @@ impl Session {
         secrets: Secrets,
         config: SessionConfig,
     ) -> Result<Session, SessionError> {
+        let started = std::time::Instant::now();
         let Secrets { tokens, protection } = secrets;
         if config.protected != protection.is_some() {
             return Err(SessionError::ProtectionMismatch);
@@ -371,6 +382,7 @@ impl Session {
         chan.send(&Message::Ready).await?;
         within(config.timeout, "the peer's ready", chan.expect_ready()).await?;
 
+        let setup = started.elapsed();
         send_mr.write(0, &tokens.mine)?;
         qp.post_send(TOKEN_WR, &send_mr, 0..TOKEN_LEN)?;
         let confirm = async {
@@ -422,7 +434,23 @@ impl Session {
                 remote,
                 queried,
             },
+            timing: EstablishTiming {
+                setup,
+                confirmation: started.elapsed().saturating_sub(setup),
+            },
         })
+    }
+
+    /// How long setting up and confirming this session took.
+    pub fn timing(&self) -> EstablishTiming {
+        self.timing
+    }
+
+    /// Chooses how this session waits for its completions (both CQs): event-driven (the
+    /// default) or busy polling, which takes a core for the lowest latency.
+    pub fn set_poll(&self, poll: Poll) {
+        self.qp.send_cq().set_poll(poll);
+        self.qp.recv_cq().set_poll(poll);
     }
 
     /// What was exchanged and read back while connecting.

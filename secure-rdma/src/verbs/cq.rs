@@ -1,14 +1,20 @@
 //! Completion queues whose completion channel is driven by tokio.
 //!
-//! Waiting is event-driven, not a busy poll: the CQ is armed with
+//! Waiting is event-driven by default, not a busy poll: the CQ is armed with
 //! `ibv_req_notify_cq`, the channel's file descriptor is registered with
 //! tokio, and each wakeup is consumed with `ibv_get_cq_event` and acknowledged
 //! at once (an unacknowledged event would make `ibv_destroy_cq` block, and
 //! teardown must never hang or panic). Every wait carries a timeout.
+//!
+//! [`Poll::Busy`] trades a core for latency: the wait polls the CQ in a loop
+//! (yielding to tokio between rounds so timers and other tasks still run)
+//! instead of sleeping until the channel's interrupt, as perftest's default
+//! does.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -131,6 +137,31 @@ pub struct Completion {
     pub imm_data: Option<u32>,
 }
 
+/// How a wait for a completion waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Poll {
+    /// Sleep until the completion channel signals (no CPU while idle).
+    #[default]
+    Event,
+    /// Poll the CQ in a loop: the lowest latency, one core busy while waiting.
+    Busy,
+}
+
+impl std::str::FromStr for Poll {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "event" => Ok(Poll::Event),
+            "busy" => Ok(Poll::Busy),
+            other => Err(format!("unknown poll mode {other:?}: busy or event")),
+        }
+    }
+}
+
+/// Polls of an empty CQ in a busy wait before yielding to tokio once.
+const BUSY_SPINS: u32 = 256;
+
 struct ChannelFd(RawFd);
 
 impl AsRawFd for ChannelFd {
@@ -158,6 +189,7 @@ pub struct CompletionQueue {
     pub(crate) cq: Arc<BasicCompletionQueue>,
     channel: Arc<CompletionChannel>,
     device: String,
+    busy: AtomicBool,
 }
 
 impl fmt::Debug for CompletionQueue {
@@ -210,7 +242,21 @@ impl CompletionQueue {
             cq,
             channel,
             device: name.to_owned(),
+            busy: AtomicBool::new(false),
         }))
+    }
+
+    /// Chooses how later waits wait (event-driven unless set).
+    pub fn set_poll(&self, poll: Poll) {
+        self.busy.store(poll == Poll::Busy, Ordering::Relaxed);
+    }
+
+    /// How waits wait.
+    pub fn poll(&self) -> Poll {
+        match self.busy.load(Ordering::Relaxed) {
+            true => Poll::Busy,
+            false => Poll::Event,
+        }
     }
 
     /// Returns a completion if one is ready, without waiting.
@@ -286,6 +332,9 @@ impl CompletionQueue {
     }
 
     async fn wait(&self) -> Result<Completion, VerbsError> {
+        if self.busy.load(Ordering::Relaxed) {
+            return self.busy_wait().await;
+        }
         loop {
             if let Some(wc) = self.try_next()? {
                 return Ok(wc);
@@ -306,6 +355,20 @@ impl CompletionQueue {
                 })?;
             self.drain_events();
             ready.clear_ready();
+        }
+    }
+
+    /// The CQ is never armed here, so no channel event is raised to consume.
+    async fn busy_wait(&self) -> Result<Completion, VerbsError> {
+        loop {
+            for _ in 0..BUSY_SPINS {
+                if let Some(wc) = self.try_next()? {
+                    return Ok(wc);
+                }
+                std::hint::spin_loop();
+            }
+            // Let the runtime run its timers (the caller's timeout) and other tasks.
+            tokio::task::yield_now().await;
         }
     }
 

@@ -23,7 +23,7 @@ mod gid;
 mod mr;
 mod qp;
 
-pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
+pub use cq::{Completion, CompletionQueue, Poll, WcOpcode, WcStatus};
 pub use device::{Device, PathMtu, ProtectionDomain};
 pub use gid::{select_gid, Gid, GidEntry, GidKind, GidSelector, NoMatchingGid, ParseGidError};
 pub use mr::{MemoryRegion, MrAccess, RemoteBuffer};

@@ -1,0 +1,480 @@
+//! `secure-client HOST bench …`: connection setup, latency, bandwidth and many sessions held,
+//! measured from one process with one RDMA device opened once ([`Connector`]).
+//!
+//! What a latency is: perftest's `ib_send_lat`/`ib_write_lat` report half the round trip of a
+//! ping-pong. Our ping-pong is one RDMA operation (SEND, or WRITE WITH IMMEDIATE) from the
+//! client, sealed when payloads are protected, and the server's acknowledgement of it over TLS
+//! once it has verified and consumed the message: the return leg is TCP + TLS, not RDMA. So
+//! `latency_us` is half of (post the operation … its send completion … the server's TLS ack
+//! read), per iteration; it compares with perftest's figure, and the difference is the cost of
+//! the secure protocol (protection, verification, a TLS ack instead of an RDMA reply).
+//!
+//! Bandwidth: `iters` operations with up to `window` outstanding. With the current protocol an
+//! operation is outstanding from its post until the server's TLS ack is read; each operation's
+//! own RDMA completion is awaited before the next is posted (the session has one send slot), so
+//! the window overlaps the acknowledgements, not the RDMA transfers. WRITEs land in the server's
+//! single data buffer, which a second WRITE in flight would overwrite before the server
+//! verified the first: `write` therefore runs with a window of 1.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use futures_util::stream::{self, StreamExt};
+use secure_rdma::client::{Client, Connector, Phases};
+use secure_rdma::handshake::Op;
+use secure_rdma::verbs::Poll;
+use serde::Serialize;
+
+/// Receive slots a server keeps posted per session (`SessionConfig::default().recv_slots`):
+/// more SENDs outstanding than this would make the server's QP answer with RNR NAKs.
+pub const MAX_SEND_WINDOW: usize = 16;
+
+/// `bench` and its measurements.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// What to measure
+    #[command(subcommand)]
+    pub kind: Bench,
+    /// Print one JSON object instead of text
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// One benchmark.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Bench {
+    /// N whole secure connections (TCP + TLS, admission, RDMA setup, confirmation), each quit
+    /// after it is confirmed; timing per connection and per phase
+    Connect {
+        /// Connections in all
+        #[arg(
+            short = 'n',
+            long = "connections",
+            value_name = "N",
+            default_value_t = 100
+        )]
+        n: usize,
+        /// Connections in flight at once (the server allows 8 pending per address by default)
+        #[arg(short = 'c', long, value_name = "N", default_value_t = 1)]
+        concurrency: usize,
+    },
+    /// RDMA SEND ping-pongs (latency) and a stream of SENDs (bandwidth) over one session
+    Send(DataArgs),
+    /// RDMA WRITE WITH IMMEDIATE ping-pongs and a stream of them over one session
+    Write(DataArgs),
+    /// Open N sessions, hold them all at once, report how many were established, the time it
+    /// took and this process's memory
+    Hold {
+        /// Sessions to hold
+        #[arg(
+            short = 'n',
+            long = "sessions",
+            value_name = "N",
+            default_value_t = 100
+        )]
+        n: usize,
+        /// Connections in flight at once while opening them
+        #[arg(short = 'c', long, value_name = "N", default_value_t = 8)]
+        concurrency: usize,
+        /// Seconds to hold them once all are open
+        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        hold: u64,
+    },
+}
+
+/// Sizes and counts of `bench send` and `bench write`.
+#[derive(Debug, Clone, Args)]
+pub struct DataArgs {
+    /// Payload bytes per operation (at most the server's buffer size)
+    #[arg(short = 's', long, value_name = "BYTES", default_value_t = 64)]
+    pub size: usize,
+    /// Operations per measurement (latency, then bandwidth)
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 1000)]
+    pub iters: usize,
+    /// Operations outstanding at once in the bandwidth run (SEND: at most 16, WRITE: 1)
+    #[arg(long, value_name = "W", default_value_t = 1)]
+    pub window: usize,
+    /// How RDMA completions are awaited: busy (poll in a loop) or event (completion channel)
+    #[arg(long, value_name = "MODE", default_value = "event", value_parser = parse_poll)]
+    pub poll: Poll,
+}
+
+fn parse_poll(s: &str) -> Result<Poll, String> {
+    s.parse()
+}
+
+/// p50, p99 and mean of a set of samples, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Summary {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile (nearest rank).
+    pub p99: f64,
+    /// Arithmetic mean.
+    pub mean: f64,
+}
+
+impl Summary {
+    /// The summary of `samples` (microseconds); zeros when there are none.
+    pub fn of(samples: &[f64]) -> Summary {
+        if samples.is_empty() {
+            return Summary::default();
+        }
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        let rank = |q: f64| {
+            let i = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+            round(s[i - 1])
+        };
+        Summary {
+            p50: rank(0.50),
+            p99: rank(0.99),
+            mean: round(s.iter().sum::<f64>() / s.len() as f64),
+        }
+    }
+}
+
+/// Two decimals: more is noise.
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// `bench connect`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConnectReport {
+    /// Connections made.
+    pub connections: usize,
+    /// Connections in flight at once.
+    pub concurrency: usize,
+    /// Whole connection, TCP connect to confirmed.
+    pub per_connection_us: Summary,
+    /// Each phase of it.
+    pub phases_us: PhaseSummaries,
+    /// Wall time of the whole run.
+    pub total_ms: f64,
+}
+
+/// [`Phases`] summarized over the connections.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PhaseSummaries {
+    /// TCP connect and TLS 1.3 handshake.
+    pub tcp_tls: Summary,
+    /// Hello to the server's verdict.
+    pub admission: Summary,
+    /// Device, PD, CQs, MRs, QP, endpoints exchanged, RTS.
+    pub rdma_setup: Summary,
+    /// Tokens over RDMA and confirmations over TLS.
+    pub confirmation: Summary,
+}
+
+/// `bench send` and `bench write`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DataReport {
+    /// "send" or "write".
+    pub op: &'static str,
+    /// Payload bytes per operation.
+    pub size: usize,
+    /// Operations per measurement.
+    pub iters: usize,
+    /// Outstanding operations in the bandwidth run.
+    pub window: usize,
+    /// "busy" or "event".
+    pub poll: &'static str,
+    /// The payload cipher, or "none".
+    pub protection: String,
+    /// Half the round trip of one ping-pong (see the module docs).
+    pub latency_us: Summary,
+    /// Payload megabytes (10^6 bytes) per second with `window` outstanding.
+    pub bandwidth_mb_s: f64,
+}
+
+/// `bench hold`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HoldReport {
+    /// Sessions asked for.
+    pub requested: usize,
+    /// Sessions confirmed and held at once.
+    pub established: usize,
+    /// Sessions that failed to connect.
+    pub failed: usize,
+    /// The first failure, if any.
+    pub first_error: Option<String>,
+    /// Wall time to open them all.
+    pub setup_ms: f64,
+    /// This process's resident memory with all of them held.
+    pub rss_kib: u64,
+    /// Resident memory before the first connection.
+    pub rss_before_kib: u64,
+    /// (rss_kib - rss_before_kib) / established.
+    pub rss_per_session_kib: f64,
+}
+
+/// This process's resident set size (`VmRSS` in /proc/self/status), 0 if unknown.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Raises the soft open-file limit to the hard one: every session holds a TCP socket and two
+/// completion channels, so 1000 sessions need about 3000 descriptors (the soft default is
+/// often 1024).
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::warn!("could not raise the open-file limit");
+            }
+        }
+    }
+}
+
+/// Runs one benchmark; the report is printed by the caller.
+pub async fn run(connector: &Connector, bench: &Bench) -> Result<serde_json::Value> {
+    Ok(match bench {
+        Bench::Connect { n, concurrency } => {
+            serde_json::to_value(connect(connector, *n, *concurrency).await?)?
+        }
+        Bench::Send(a) => serde_json::to_value(data(connector, Op::Send, a).await?)?,
+        Bench::Write(a) => serde_json::to_value(data(connector, Op::Write, a).await?)?,
+        Bench::Hold {
+            n,
+            concurrency,
+            hold: secs,
+        } => serde_json::to_value(hold(connector, *n, *concurrency, *secs).await?)?,
+    })
+}
+
+/// Checks what clap cannot: ranges that depend on each other.
+pub fn validate(bench: &Bench) -> Result<(), String> {
+    match bench {
+        Bench::Connect { n, concurrency } | Bench::Hold { n, concurrency, .. } => {
+            if *n == 0 || *concurrency == 0 {
+                return Err("-n and -c must be at least 1".into());
+            }
+        }
+        Bench::Send(a) | Bench::Write(a) => {
+            if a.iters == 0 || a.window == 0 {
+                return Err("-n and --window must be at least 1".into());
+            }
+            if matches!(bench, Bench::Send(_)) && a.window > MAX_SEND_WINDOW {
+                return Err(format!(
+                    "--window {} exceeds the {MAX_SEND_WINDOW} receive slots a server keeps per session",
+                    a.window
+                ));
+            }
+            if matches!(bench, Bench::Write(_)) && a.window > 1 {
+                return Err("bench write runs with --window 1: the server has one data buffer per session, and a second WRITE in flight would overwrite the first before it is verified".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect(connector: &Connector, n: usize, concurrency: usize) -> Result<ConnectReport> {
+    raise_fd_limit();
+    let started = Instant::now();
+    let results: Vec<Result<(Duration, Phases)>> = stream::iter(0..n)
+        .map(|i| async move {
+            let t = Instant::now();
+            let (client, phases) = connector
+                .connect_timed()
+                .await
+                .with_context(|| format!("connection {i}"))?;
+            let whole = t.elapsed();
+            client.quit().await;
+            Ok((whole, phases))
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let total = started.elapsed();
+    let mut whole = Vec::with_capacity(n);
+    let mut phases: [Vec<f64>; 4] = Default::default();
+    for r in results {
+        let (w, p) = r?;
+        whole.push(us(w));
+        phases[0].push(us(p.tcp_tls));
+        phases[1].push(us(p.admission));
+        phases[2].push(us(p.rdma_setup));
+        phases[3].push(us(p.confirmation));
+    }
+    Ok(ConnectReport {
+        connections: n,
+        concurrency,
+        per_connection_us: Summary::of(&whole),
+        phases_us: PhaseSummaries {
+            tcp_tls: Summary::of(&phases[0]),
+            admission: Summary::of(&phases[1]),
+            rdma_setup: Summary::of(&phases[2]),
+            confirmation: Summary::of(&phases[3]),
+        },
+        total_ms: round(total.as_secs_f64() * 1e3),
+    })
+}
+
+/// Ping-pongs not counted: the first operations fault pages in and warm caches.
+const WARMUP: usize = 10;
+
+async fn one(client: &mut Client, op: Op, payload: &[u8]) -> Result<()> {
+    match op {
+        Op::Send => client.send(payload).await?,
+        Op::Write => client.write(payload).await?,
+    };
+    Ok(())
+}
+
+async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport> {
+    let mut client = connector.connect().await.context("connecting")?;
+    client.session_mut().set_poll(a.poll);
+    let max = match op {
+        Op::Send => client.session().max_len(),
+        Op::Write => client.session().max_write_len(),
+    };
+    if a.size > max {
+        bail!(
+            "-s {} exceeds the {max}-byte buffer the server offers (secure-server --buffer-size)",
+            a.size
+        );
+    }
+    let payload = vec![0x5au8; a.size];
+    for _ in 0..WARMUP {
+        one(&mut client, op, &payload).await?;
+    }
+    let mut half_rtt = Vec::with_capacity(a.iters);
+    for _ in 0..a.iters {
+        let t = Instant::now();
+        one(&mut client, op, &payload).await?;
+        half_rtt.push(us(t.elapsed()) / 2.0);
+    }
+    // Bandwidth: keep `window` operations unacknowledged.
+    let started = Instant::now();
+    let mut posted = 0;
+    let mut acked = 0;
+    while acked < a.iters {
+        while posted < a.iters && posted - acked < a.window {
+            let s = client.session_mut();
+            match op {
+                Op::Send => s.send(&payload).await?,
+                Op::Write => s.write(&payload).await?,
+            }
+            posted += 1;
+        }
+        client.ack(op).await?;
+        acked += 1;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let protection = client
+        .session()
+        .cipher()
+        .map_or("none".to_owned(), |c| c.to_string());
+    client.quit().await;
+    Ok(DataReport {
+        op: match op {
+            Op::Send => "send",
+            Op::Write => "write",
+        },
+        size: a.size,
+        iters: a.iters,
+        window: a.window,
+        poll: match a.poll {
+            Poll::Busy => "busy",
+            Poll::Event => "event",
+        },
+        protection,
+        latency_us: Summary::of(&half_rtt),
+        bandwidth_mb_s: round((a.size * a.iters) as f64 / secs / 1e6),
+    })
+}
+
+async fn hold(
+    connector: &Connector,
+    n: usize,
+    concurrency: usize,
+    secs: u64,
+) -> Result<HoldReport> {
+    raise_fd_limit();
+    let rss_before = rss_kib();
+    let started = Instant::now();
+    let results: Vec<Result<Client, String>> = stream::iter(0..n)
+        .map(|i| async move {
+            connector
+                .connect()
+                .await
+                .map_err(|e| format!("session {i}: {e}"))
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let setup = started.elapsed();
+    let mut clients = Vec::with_capacity(n);
+    let mut first_error = None;
+    let mut failed = 0;
+    for r in results {
+        match r {
+            Ok(c) => clients.push(c),
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let rss = rss_kib();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let established = clients.len();
+    stream::iter(clients)
+        .for_each_concurrent(concurrency.max(1), |c| c.quit())
+        .await;
+    Ok(HoldReport {
+        requested: n,
+        established,
+        failed,
+        first_error,
+        setup_ms: round(setup.as_secs_f64() * 1e3),
+        rss_kib: rss,
+        rss_before_kib: rss_before,
+        rss_per_session_kib: if established == 0 {
+            0.0
+        } else {
+            round(rss.saturating_sub(rss_before) as f64 / established as f64)
+        },
+    })
+}
+
+/// The text form of a report: one `key value` line per leaf, for people.
+pub fn text(v: &serde_json::Value) -> String {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            other => out.push_str(&format!("{prefix} {other}\n")),
+        }
+    }
+    let mut out = String::new();
+    walk("", v, &mut out);
+    out
+}

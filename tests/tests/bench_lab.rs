@@ -1,0 +1,157 @@
+//! `secure-client HOST bench …` against a real secure-server on Soft-RoCE: every subcommand
+//! runs, exits 0 and prints one JSON object of the shape with sane values. No timing
+//! assertions (TCG timings say nothing absolute); and `bench hold -n 1000` establishes all 1000
+//! sessions on one `secure-server --max-clients 1000`.
+//!
+//! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
+
+use std::process::Command;
+use std::time::Duration;
+
+use secure_rdma_tests::secure::{client, Pki, ServerProc};
+use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline};
+use serde_json::Value;
+
+/// A bench of 1000 sessions under TCG takes minutes.
+const DEADLINE: Duration = Duration::from_secs(900);
+
+/// Runs the bench and returns its JSON report; fails on a non-zero exit or other output.
+fn bench(cmd: &mut Command, what: &str) -> Value {
+    let out = wait_with_deadline(spawn(cmd), DEADLINE, what);
+    assert!(
+        out.status.success(),
+        "{what}: {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: one JSON object: {stdout}");
+    let v: Value =
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{what}: {e}: {stdout}"));
+    eprintln!("{what}: {v}");
+    v
+}
+
+/// p50 ≤ p99, all positive and finite.
+fn sane_summary(v: &Value, what: &str) {
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{what}.{k} in {v}"));
+    let (p50, p99, mean) = (f("p50"), f("p99"), f("mean"));
+    assert!(p50 > 0.0 && p99 >= p50 && mean > 0.0, "{what}: {v}");
+    assert!(
+        p99 < 60e6,
+        "{what}: a minute per operation is no measurement: {v}"
+    );
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn bench_connect_send_write_print_sane_json() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["bench".to_owned()]);
+    let server = ServerProc::start(&pki, 4701, &["--allow-unprotected"]);
+
+    let v = bench(
+        client(&pki, &server, Some("bench"))
+            .args(["bench", "connect", "-n", "10", "-c", "2", "--json"]),
+        "bench connect",
+    );
+    assert_eq!(v["connections"], 10, "{v}");
+    sane_summary(&v["per_connection_us"], "per_connection_us");
+    for phase in ["tcp_tls", "admission", "rdma_setup", "confirmation"] {
+        sane_summary(&v["phases_us"][phase], phase);
+    }
+
+    for (op, poll, extra) in [
+        ("send", "busy", vec!["--window", "8"]),
+        ("send", "event", vec![]),
+        ("write", "busy", vec![]),
+    ] {
+        for protected in [true, false] {
+            let what = format!("bench {op} --poll {poll} protected={protected}");
+            let mut cmd = client(&pki, &server, Some("bench"));
+            if !protected {
+                cmd.arg("--no-payload-protection");
+            }
+            cmd.args([
+                "bench", op, "-s", "1024", "-n", "50", "--poll", poll, "--json",
+            ])
+            .args(&extra);
+            let v = bench(&mut cmd, &what);
+            assert_eq!(v["op"], op, "{what}: {v}");
+            assert_eq!(v["size"], 1024, "{what}: {v}");
+            assert_eq!(v["iters"], 50, "{what}: {v}");
+            assert_eq!(v["poll"], poll, "{what}: {v}");
+            assert_eq!(v["protection"] == "none", !protected, "{what}: {v}");
+            sane_summary(&v["latency_us"], &what);
+            let bw = v["bandwidth_mb_s"].as_f64().unwrap_or(0.0);
+            assert!(bw > 0.0 && bw.is_finite(), "{what}: {v}");
+        }
+    }
+
+    // A size over the server's buffer is refused before anything is sent.
+    let out = wait_with_deadline(
+        spawn(client(&pki, &server, Some("bench")).args(["bench", "send", "-s", "1000000"])),
+        DEADLINE,
+        "bench send too large",
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--buffer-size"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn bench_hold_establishes_a_thousand_sessions() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["hold".to_owned()]);
+    // Each session holds a socket and completion channels on both sides.
+    raise_fd_limit();
+    let server = ServerProc::start_with_log(
+        &pki,
+        4702,
+        &[
+            "--max-clients",
+            "1000",
+            "--max-pending-per-address",
+            "16",
+            "--max-pending",
+            "64",
+        ],
+        // Quiet (2,000 connect/gone lines), but the readiness line is needed.
+        "warn,secure_server=info",
+    );
+    let rss_idle = server.rss_kib();
+    let v = bench(
+        client(&pki, &server, Some("hold"))
+            .args(["bench", "hold", "-n", "1000", "-c", "16", "--json"]),
+        "bench hold -n 1000",
+    );
+    eprintln!("server RSS: {rss_idle} KiB idle; the client's report: {v}");
+    assert_eq!(v["requested"], 1000, "{v}");
+    assert_eq!(v["established"], 1000, "{v}");
+    assert_eq!(v["failed"], 0, "{v}");
+    assert!(v["setup_ms"].as_f64().unwrap_or(0.0) > 0.0, "{v}");
+    assert!(v["rss_kib"].as_u64().unwrap_or(0) > 0, "{v}");
+}
+
+/// Soft limit up to the hard one, for this test and the server it starts.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
