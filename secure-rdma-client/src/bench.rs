@@ -2,19 +2,17 @@
 //! measured from one process with one RDMA device opened once ([`Connector`]).
 //!
 //! What a latency is: perftest's `ib_send_lat`/`ib_write_lat` report half the round trip of a
-//! ping-pong. Our ping-pong is one RDMA operation (SEND, or WRITE WITH IMMEDIATE) from the
-//! client, sealed when payloads are protected, and the server's acknowledgement of it over TLS
-//! once it has verified and consumed the message: the return leg is TCP + TLS, not RDMA. So
-//! `latency_us` is half of (post the operation … its send completion … the server's TLS ack
-//! read), per iteration; it compares with perftest's figure, and the difference is the cost of
-//! the secure protocol (protection, verification, a TLS ack instead of an RDMA reply).
+//! ping-pong between the two ends. Ours is the same ping-pong on the streaming data path
+//! (`--acks rdma`, the default): the client's SEND (or WRITE WITH IMMEDIATE), sealed when
+//! payloads are protected, and the server's acknowledgement SENT back over RDMA once it has
+//! verified and consumed the message (sealed too). `latency_us` is half of that round trip, per
+//! iteration, so it compares directly with perftest's figure; what is left between them is the
+//! cost of the secure protocol (sealing, verifying, the server's bookkeeping). `--acks tls` has
+//! the acknowledgement come over TLS instead, as the interactive client does.
 //!
-//! Bandwidth: `iters` operations with up to `window` outstanding. With the current protocol an
-//! operation is outstanding from its post until the server's TLS ack is read; each operation's
-//! own RDMA completion is awaited before the next is posted (the session has one send slot), so
-//! the window overlaps the acknowledgements, not the RDMA transfers. WRITEs land in the server's
-//! single data buffer, which a second WRITE in flight would overwrite before the server
-//! verified the first: `write` therefore runs with a window of 1.
+//! Bandwidth: `iters` operations with up to `window` unacknowledged (on the streaming data path:
+//! at most the server's window, 16), each in its own send slot here and its own receive or
+//! write slot at the server; the server's acknowledgements are the credits.
 
 use std::time::{Duration, Instant};
 
@@ -26,9 +24,18 @@ use secure_rdma::handshake::Op;
 use secure_rdma::verbs::Poll;
 use serde::Serialize;
 
-/// Receive slots a server keeps posted per session (`SessionConfig::default().recv_slots`):
-/// more SENDs outstanding than this would make the server's QP answer with RNR NAKs.
-pub const MAX_SEND_WINDOW: usize = 16;
+/// Operations a server lets a streaming client have unacknowledged
+/// ([`secure_rdma::server::RDMA_WINDOW`]).
+pub const MAX_WINDOW: usize = secure_rdma::server::RDMA_WINDOW;
+
+/// How the server acknowledges operations in `bench send|write`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Acks {
+    /// Over RDMA, sealed: the streaming data path, a window of operations in flight
+    Rdma,
+    /// Over TLS, one operation at a time (the interactive client's path)
+    Tls,
+}
 
 /// `bench` and its measurements.
 #[derive(Debug, Clone, Args)]
@@ -92,12 +99,22 @@ pub struct DataArgs {
     /// Operations per measurement (latency, then bandwidth)
     #[arg(short = 'n', long, value_name = "N", default_value_t = 1000)]
     pub iters: usize,
-    /// Operations outstanding at once in the bandwidth run (SEND: at most 16, WRITE: 1)
-    #[arg(long, value_name = "W", default_value_t = 1)]
+    /// Operations unacknowledged at once in the bandwidth run (at most 16; 1 with --acks tls)
+    #[arg(long, value_name = "W", default_value_t = MAX_WINDOW)]
     pub window: usize,
     /// How RDMA completions are awaited: busy (poll in a loop) or event (completion channel)
     #[arg(long, value_name = "MODE", default_value = "event", value_parser = parse_poll)]
     pub poll: Poll,
+    /// How the server acknowledges each operation
+    #[arg(long, value_enum, default_value_t = Acks::Rdma)]
+    pub acks: Acks,
+}
+
+impl Bench {
+    /// Whether this benchmark asks for the streaming data path.
+    pub fn rdma_acks(&self) -> bool {
+        matches!(self, Bench::Send(a) | Bench::Write(a) if a.acks == Acks::Rdma)
+    }
 }
 
 fn parse_poll(s: &str) -> Result<Poll, String> {
@@ -185,6 +202,8 @@ pub struct DataReport {
     pub window: usize,
     /// "busy" or "event".
     pub poll: &'static str,
+    /// "rdma" (the streaming data path) or "tls".
+    pub acks: &'static str,
     /// The payload cipher, or "none".
     pub protection: String,
     /// Half the round trip of one ping-pong (see the module docs).
@@ -273,14 +292,14 @@ pub fn validate(bench: &Bench) -> Result<(), String> {
             if a.iters == 0 || a.window == 0 {
                 return Err("-n and --window must be at least 1".into());
             }
-            if matches!(bench, Bench::Send(_)) && a.window > MAX_SEND_WINDOW {
+            if a.acks == Acks::Rdma && a.window > MAX_WINDOW {
                 return Err(format!(
-                    "--window {} exceeds the {MAX_SEND_WINDOW} receive slots a server keeps per session",
+                    "--window {} exceeds the {MAX_WINDOW} operations a server lets a client have unacknowledged",
                     a.window
                 ));
             }
-            if matches!(bench, Bench::Write(_)) && a.window > 1 {
-                return Err("bench write runs with --window 1: the server has one data buffer per session, and a second WRITE in flight would overwrite the first before it is verified".into());
+            if a.acks == Acks::Tls && a.window > 1 {
+                return Err("--acks tls acknowledges one operation at a time: --window 1 (or --acks rdma for a window)".into());
             }
         }
     }
@@ -343,6 +362,10 @@ async fn one(client: &mut Client, op: Op, payload: &[u8]) -> Result<()> {
 async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport> {
     let mut client = connector.connect().await.context("connecting")?;
     client.session_mut().set_poll(a.poll);
+    if a.acks == Acks::Rdma && client.rdma_window().is_none() {
+        bail!("the server acknowledges over TLS only (an older secure-server): use --acks tls");
+    }
+    let window = a.window.min(client.rdma_window().unwrap_or(1));
     let max = match op {
         Op::Send => client.session().max_len(),
         Op::Write => client.session().max_write_len(),
@@ -363,23 +386,21 @@ async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport>
         one(&mut client, op, &payload).await?;
         half_rtt.push(us(t.elapsed()) / 2.0);
     }
-    // Bandwidth: keep `window` operations unacknowledged.
+    // Bandwidth: keep `window` operations unacknowledged; the acknowledgements are the credits.
     let started = Instant::now();
-    let mut posted = 0;
     let mut acked = 0;
-    while acked < a.iters {
-        while posted < a.iters && posted - acked < a.window {
-            let s = client.session_mut();
-            match op {
-                Op::Send => s.send(&payload).await?,
-                Op::Write => s.write(&payload).await?,
-            }
-            posted += 1;
+    for _ in 0..a.iters {
+        while client.in_flight() >= window {
+            client.ack().await?;
+            acked += 1;
         }
-        client.ack(op).await?;
-        acked += 1;
+        acked += client.post(op, &payload).await?.len();
     }
+    acked += client.flush().await?.len();
     let secs = started.elapsed().as_secs_f64();
+    if acked != a.iters {
+        bail!("{acked} acknowledgements for {} operations", a.iters);
+    }
     let protection = client
         .session()
         .cipher()
@@ -392,10 +413,11 @@ async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport>
         },
         size: a.size,
         iters: a.iters,
-        window: a.window,
-        poll: match a.poll {
-            Poll::Busy => "busy",
-            Poll::Event => "event",
+        window,
+        poll: a.poll.name(),
+        acks: match a.acks {
+            Acks::Rdma => "rdma",
+            Acks::Tls => "tls",
         },
         protection,
         latency_us: Summary::of(&half_rtt),

@@ -98,6 +98,10 @@ struct Cli {
     /// Accept a server whose RDMA GID is not the address reached over TLS (NAT, multi-homed)
     #[arg(long)]
     allow_gid_mismatch: bool,
+    /// Have the server acknowledge each operation over RDMA (a sealed record SENT back: the
+    /// streaming data path) instead of over TLS
+    #[arg(long)]
+    rdma_acks: bool,
     /// Do not reconnect when the session is lost; exit with code 8 instead
     #[arg(long)]
     no_reconnect: bool,
@@ -114,7 +118,7 @@ struct Cli {
 enum Command {
     /// Measure connection setup, latency, bandwidth or many sessions held (one report per run;
     /// JSON with --json). Latency is half the round trip of an RDMA operation and the server's
-    /// TLS acknowledgement, as perftest reports half a ping-pong
+    /// acknowledgement over RDMA, as perftest reports half a ping-pong
     Bench(bench::BenchArgs),
 }
 
@@ -203,6 +207,7 @@ async fn run(cli: Cli) -> i32 {
         },
         max_buffer_size: cli.max_buffer_size,
         allow_gid_mismatch: cli.allow_gid_mismatch,
+        rdma_acks: cli.rdma_acks,
     };
     if let Some(Command::Bench(b)) = &cli.command {
         return run_bench(cfg, b).await;
@@ -339,7 +344,10 @@ async fn run_bench(cfg: ClientConfig, b: &bench::BenchArgs) -> i32 {
         eprintln!("secure-client: bench: {e}");
         return 2;
     }
-    let connector = Connector::new(cfg);
+    let connector = Connector::new(ClientConfig {
+        rdma_acks: b.kind.rdma_acks(),
+        ..cfg
+    });
     match bench::run(&connector, &b.kind).await {
         Ok(report) => {
             if b.json {
@@ -490,8 +498,8 @@ mod tests {
             panic!("not write")
         };
         assert_eq!(
-            (a.size, a.iters, a.window, a.poll),
-            (64, 1000, 1, secure_rdma::verbs::Poll::Event)
+            (a.size, a.iters, a.window, a.poll, a.acks),
+            (64, 1000, 16, secure_rdma::verbs::Poll::Event, bench::Acks::Rdma)
         );
         assert!(
             Cli::try_parse_from(["secure-client", "h", "bench", "send", "--poll", "spin"]).is_err()
@@ -507,12 +515,13 @@ mod tests {
     fn bench_ranges_are_checked() {
         let check = |args: &[&str]| bench::validate(&bench_of(args));
         assert!(check(&["c", "h", "bench", "send", "--window", "16"]).is_ok());
-        assert!(check(&["c", "h", "bench", "send", "--window", "17"])
+        assert!(check(&["c", "h", "bench", "write", "--window", "17"])
             .unwrap_err()
-            .contains("receive slots"));
-        assert!(check(&["c", "h", "bench", "write", "--window", "2"])
+            .contains("unacknowledged"));
+        assert!(check(&["c", "h", "bench", "write", "--acks", "tls", "--window", "2"])
             .unwrap_err()
             .contains("--window 1"));
+        assert!(check(&["c", "h", "bench", "send", "--acks", "tls", "--window", "1"]).is_ok());
         assert!(check(&["c", "h", "bench", "connect", "-n", "0"]).is_err());
         assert!(check(&["c", "h", "bench", "hold", "-c", "0"]).is_err());
     }
@@ -548,6 +557,7 @@ mod tests {
             iters: 10,
             window: 1,
             poll: "busy",
+            acks: "rdma",
             protection: "aes-256-gcm".into(),
             latency_us: s,
             bandwidth_mb_s: 1.5,

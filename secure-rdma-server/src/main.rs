@@ -12,6 +12,7 @@ use secure_rdma::certs;
 use secure_rdma::protect::Cipher;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{AuthFailures, Limits, ProtectionPolicy, Server, ServerConfig};
+use secure_rdma::verbs::Poll;
 use serde::Deserialize;
 
 #[cfg(feature = "telemetry")]
@@ -52,6 +53,10 @@ mod telemetry {
 /// Settings come from flags, then the --config file, then defaults.
 /// SIGINT/SIGTERM stop accepting, close every client, free everything and
 /// exit 0.
+fn parse_poll(s: &str) -> Result<Poll, String> {
+    s.parse()
+}
+
 #[derive(Debug, Parser)]
 #[command(version, name = "secure-server")]
 struct Cli {
@@ -126,6 +131,12 @@ struct Opts {
     #[arg(long)]
     #[serde(default)]
     allow_gid_mismatch: bool,
+    /// How sessions wait for RDMA completions: event (completion channel, no CPU while idle) or
+    /// busy (poll in a loop: the lowest latency, a core per active session; for dedicated hosts
+    /// and benchmarks) [default: event]
+    #[arg(long, value_name = "MODE", value_parser = parse_poll)]
+    #[serde(default)]
+    poll: Option<Poll>,
     /// Connections in TLS handshake or admission at once; more are closed at accept [default: 64]
     #[arg(long, value_name = "N")]
     max_pending: Option<usize>,
@@ -423,6 +434,7 @@ async fn serve(flags: Opts) -> Result<()> {
         allow_gid_mismatch,
         limits,
         auth_failures: AuthFailures::default(),
+        poll: flags.poll.or(file.poll).unwrap_or_default(),
     };
     if config.protection.ciphers.is_empty() {
         tracing::warn!("payload protection is OFF (--no-payload-protection): an on-path attacker can forge, replay and read RDMA messages");

@@ -1,5 +1,9 @@
 //! The secure client: TLS connect, admission, RDMA setup and the `send` /
-//! `write` operations, each acknowledged by the server over TLS.
+//! `write` operations, each acknowledged by the server: over TLS, or, on the
+//! streaming data path ([`ClientConfig::rdma_acks`]), over RDMA with up to a
+//! window of operations in flight ([`Client::post`], [`Client::flush`]).
+
+use std::collections::VecDeque;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,8 +17,9 @@ use tokio_rustls::TlsConnector;
 
 use crate::handshake::{
     AbortReason, Channel, HandshakeError, Kind, Message, Op, RejectReason, Verdict, CAPABILITIES,
-    VERSION,
+    RDMA_ACKS, VERSION,
 };
+use crate::session::Arrival;
 use crate::protect::Cipher;
 use crate::session::{Secrets, Session, SessionConfig, SessionError, Tokens};
 use crate::tls::{self, Side};
@@ -50,6 +55,11 @@ pub struct ClientConfig {
     pub max_buffer_size: usize,
     /// Accept a server whose RDMA GID is not the address we reached over TLS.
     pub allow_gid_mismatch: bool,
+    /// Ask for the streaming data path: the server acknowledges over RDMA
+    /// (sealed records, no TLS round trip per operation), and the client may
+    /// keep a window of operations in flight. A server that does not offer
+    /// it acknowledges over TLS as usual.
+    pub rdma_acks: bool,
 }
 
 impl ClientConfig {
@@ -69,9 +79,14 @@ impl ClientConfig {
             ciphers: Cipher::preference().to_vec(),
             max_buffer_size: DEFAULT_MAX_BUFFER,
             allow_gid_mismatch: false,
+            rdma_acks: false,
         }
     }
 }
+
+/// The largest window of unacknowledged operations a client accepts from a
+/// server: each one costs a send slot of the server's buffer size here.
+pub const MAX_RDMA_WINDOW: u32 = 64;
 
 /// What [`ClientConfig::max_buffer_size`] is unless set: 16 MiB.
 pub const DEFAULT_MAX_BUFFER: usize = 16 << 20;
@@ -441,7 +456,12 @@ impl Connector {
         let mut chan = Channel::new(tls);
         chan.send(&Message::Hello {
             version: VERSION,
-            capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            capabilities: CAPABILITIES
+                .iter()
+                .copied()
+                .chain(cfg.rdma_acks.then_some(RDMA_ACKS))
+                .map(str::to_owned)
+                .collect(),
             ciphers: cfg.ciphers.clone(),
         })
         .await
@@ -451,12 +471,13 @@ impl Connector {
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity, cipher) = match verdict {
+        let (buffer_size, identity, cipher, rdma_window) = match verdict {
             Verdict::Accepted {
                 buffer_size,
                 identity,
                 cipher,
-            } => (buffer_size as usize, identity, cipher),
+                rdma_window,
+            } => (buffer_size as usize, identity, cipher, rdma_window),
             Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
         };
         // The accept is authenticated by TLS, so a downgrade here is the
@@ -482,6 +503,21 @@ impl Connector {
                 max: cfg.max_buffer_size,
             });
         }
+        let window = match rdma_window {
+            // Acknowledgements over RDMA only when we asked: an unasked window is a server
+            // that does not follow the protocol.
+            Some(w) if cfg.rdma_acks && (1..=MAX_RDMA_WINDOW).contains(&w) => Some(w as usize),
+            None => None,
+            Some(w) => {
+                return Err(tls_or(HandshakeError::Invalid {
+                    field: "rdma_window",
+                    reason: match cfg.rdma_acks {
+                        true => format!("{w} is outside 1..={MAX_RDMA_WINDOW}"),
+                        false => "offered, but this client did not ask for RDMA acknowledgements".into(),
+                    },
+                }))
+            }
+        };
         let protection = match cipher {
             None => None,
             Some(c) => Some(tls::payload_protection(
@@ -506,6 +542,9 @@ impl Connector {
             // The server never writes into a client: no client memory is remotely accessible.
             accept_writes: false,
             peer_address: (!cfg.allow_gid_mismatch).then_some(server_ip),
+            // A slot per operation in flight, and a receive slot for each acknowledgement.
+            send_slots: window.unwrap_or(1),
+            recv_slots: SessionConfig::default().recv_slots.max(window.unwrap_or(0)),
             ..SessionConfig::default()
         };
         let secrets = Secrets { tokens, protection };
@@ -528,6 +567,8 @@ impl Connector {
         };
         let client = Client {
             session,
+            window,
+            in_flight: VecDeque::new(),
             ops: 0,
             chan,
             identity,
@@ -545,7 +586,12 @@ pub use crate::handshake::Ack;
 pub struct Client {
     // Drop order: the RDMA session before the TLS channel.
     session: Session,
-    /// Operations made in this session; the server numbers its
+    /// `Some(window)` on the streaming data path: acknowledgements come over
+    /// RDMA and up to `window` operations may await theirs.
+    window: Option<usize>,
+    /// Operations posted and not yet acknowledged, oldest first.
+    in_flight: VecDeque<Op>,
+    /// Operations acknowledged in this session; the server numbers its
     /// acknowledgements the same way.
     ops: u64,
     chan: Channel<TlsStream<TcpStream>>,
@@ -592,27 +638,64 @@ impl Client {
         &self.session
     }
 
-    /// The session itself, to post RDMA operations without waiting for the
-    /// server's acknowledgement of each (pipelining, benchmarks, and tests
-    /// of clients that misbehave). The server still acknowledges every
-    /// operation over TLS; unread acknowledgements queue up in the socket.
+    /// The session itself, to post RDMA operations past this client's
+    /// bookkeeping (tests of clients that misbehave). The server still
+    /// acknowledges every operation; use [`Client::post`] to pipeline.
     pub fn session_mut(&mut self) -> &mut Session {
         &mut self.session
     }
 
-    /// Waits for the server's acknowledgement of an operation made through
-    /// [`Client::session_mut`] (acknowledgements come in order, one per operation).
-    pub async fn ack(&mut self, op: Op) -> Result<Ack, ClientError> {
-        let ack = tokio::time::timeout(self.timeout, self.chan.expect_ack())
+    /// Acknowledgements come over RDMA (the streaming data path), with this
+    /// many operations allowed in flight; `None`: over TLS, one at a time.
+    pub fn rdma_window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Operations posted whose acknowledgement has not come yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Waits for the acknowledgement of the oldest operation in flight
+    /// ([`Client::post`]) and checks that it names that operation; an error
+    /// when none is in flight.
+    pub async fn ack(&mut self) -> Result<Ack, ClientError> {
+        let Some(&op) = self.in_flight.front() else {
+            return Err(ClientError::Session(SessionError::NothingInFlight));
+        };
+        let wait = async {
+            if self.window.is_none() {
+                return self.chan.expect_ack().await.map_err(tls_or);
+            }
+            // The acknowledgement is an RDMA SEND from the server; meanwhile the server may end
+            // the session over TLS (an abort says why).
+            tokio::select! {
+                arrival = self.session.arrival() => match arrival {
+                    Ok(Arrival::Send(record)) => Ack::decode(&record).ok_or(ClientError::Session(
+                        SessionError::BadAck { len: record.len() },
+                    )),
+                    Ok(Arrival::Write(_)) => Err(ClientError::Session(SessionError::Verbs(
+                        VerbsError::UnexpectedCompletion(crate::verbs::WcOpcode::RecvRdmaWithImm),
+                    ))),
+                    Err(e) => Err(ClientError::Session(e)),
+                },
+                closed = self.chan.expect_close() => Err(match closed {
+                    Ok(Some(reason)) => tls_or(HandshakeError::Aborted(reason)),
+                    Ok(None) => tls_or(HandshakeError::Unexpected { expected: Kind::Ack, got: Kind::Bye }),
+                    Err(e) => tls_or(e),
+                }),
+            }
+        };
+        let ack = tokio::time::timeout(self.timeout, wait)
             .await
             .map_err(|_| {
                 ClientError::Session(SessionError::Timeout(
                     self.timeout,
                     "the server's acknowledgement",
                 ))
-            })?
-            .map_err(tls_or)?;
+            })??;
         self.ops += 1;
+        self.in_flight.pop_front();
         // The server numbers what it received; a number ahead of ours means it received
         // something we never sent.
         if ack.seq != self.ops {
@@ -630,20 +713,76 @@ impl Client {
         Ok(ack)
     }
 
+    /// Posts an RDMA SEND (`Op::Send`) or WRITE (`Op::Write`) without waiting
+    /// for the server's acknowledgement: on the streaming data path up to
+    /// [`Client::rdma_window`] operations are in flight, and a post beyond
+    /// that first waits for the oldest acknowledgement (the server's credit).
+    /// Over TLS acknowledgements, one operation at a time. Returns the
+    /// acknowledgements that came while waiting for room.
+    ///
+    /// ```no_run
+    /// use secure_rdma::client::{Client, ClientConfig};
+    /// use secure_rdma::handshake::Op;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut client = Client::connect(&ClientConfig {
+    ///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
+    ///     rdma_acks: true,
+    ///     ..ClientConfig::new("10.77.0.1")
+    /// })
+    /// .await?;
+    /// for chunk in [b"one".as_slice(), b"two", b"three"] {
+    ///     client.post(Op::Send, chunk).await?;
+    /// }
+    /// assert_eq!(client.flush().await?.len(), client.in_flight() + 3);
+    /// client.quit().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn post(&mut self, op: Op, data: &[u8]) -> Result<Vec<Ack>, ClientError> {
+        let window = self.window.unwrap_or(1);
+        let mut acks = Vec::new();
+        while self.in_flight.len() >= window {
+            acks.push(self.ack().await?);
+        }
+        self.session
+            .post(op, data)
+            .await
+            .map_err(ClientError::Session)?;
+        self.in_flight.push_back(op);
+        Ok(acks)
+    }
+
+    /// Waits for the acknowledgement of every operation in flight; returns
+    /// them, oldest first.
+    pub async fn flush(&mut self) -> Result<Vec<Ack>, ClientError> {
+        // A failed RDMA operation is named by its own completion, not by the acknowledgement
+        // that will never come.
+        self.session.flush().await.map_err(ClientError::Session)?;
+        let mut acks = Vec::with_capacity(self.in_flight.len());
+        while !self.in_flight.is_empty() {
+            acks.push(self.ack().await?);
+        }
+        Ok(acks)
+    }
+
+    /// One operation, waited for: earlier ones in flight are acknowledged
+    /// first, then this one; its acknowledgement is returned.
+    async fn one(&mut self, op: Op, data: &[u8]) -> Result<Ack, ClientError> {
+        self.flush().await?;
+        self.post(op, data).await?;
+        self.session.flush().await.map_err(ClientError::Session)?;
+        self.ack().await
+    }
+
     /// RDMA SENDs `msg` and waits for the server's acknowledgement.
     pub async fn send(&mut self, msg: &[u8]) -> Result<Ack, ClientError> {
-        self.session.send(msg).await.map_err(ClientError::Session)?;
-        self.ack(Op::Send).await
+        self.one(Op::Send, msg).await
     }
 
     /// RDMA WRITEs `data` into the server's buffer (with immediate) and waits
     /// for the acknowledgement.
     pub async fn write(&mut self, data: &[u8]) -> Result<Ack, ClientError> {
-        self.session
-            .write(data)
-            .await
-            .map_err(ClientError::Session)?;
-        self.ack(Op::Write).await
+        self.one(Op::Write, data).await
     }
 
     /// Waits until the server ends the session on its own: `Ok(None)` for

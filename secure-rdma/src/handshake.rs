@@ -10,8 +10,10 @@
 //! 5. both SEND their confirmation token as the first RDMA message; each
 //!    checks the peer's and answers [`Message::Confirmed`]. Only then is the
 //!    connection established.
-//! 6. afterwards: [`Message::Ack`] for every operation the server saw land,
-//!    and [`Message::Bye`] to close.
+//! 6. afterwards: an acknowledgement for every operation the server saw land
+//!    ([`Message::Ack`] over TLS, or, when the client asked for
+//!    [`RDMA_ACKS`], an [`Ack`] record SENT back over RDMA, sealed like any
+//!    payload), and [`Message::Bye`] to close.
 //!
 //! A frame is a 4-byte big-endian length followed by that many bytes of
 //! UTF-8 JSON ([`tokio_util::codec::LengthDelimitedCodec`]). Frames above [`MAX_FRAME`] are refused before any allocation,
@@ -134,6 +136,12 @@ pub const CAPABILITIES: [&str; 4] = [
     "confirm-token",
     "payload-protection",
 ];
+
+/// The capability a client lists in its hello to have its operations
+/// acknowledged over RDMA instead of TLS: the streaming data path. The server
+/// answers with [`Verdict::Accepted::rdma_window`], the operations the client
+/// may have unacknowledged at once (its receive slots and write slots).
+pub const RDMA_ACKS: &str = "rdma-acks";
 
 /// Why the server refused a client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,6 +290,10 @@ pub enum Message {
         /// The cipher protecting payloads, `None` for payloads in clear.
         #[serde(default)]
         cipher: Option<Cipher>,
+        /// When the client asked for [`RDMA_ACKS`] and the server agrees: how
+        /// many operations the client may have unacknowledged at once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rdma_window: Option<u32>,
     },
     /// The server refuses the client.
     Reject {
@@ -400,6 +412,9 @@ pub enum Verdict {
         identity: String,
         /// The payload cipher, `None` for payloads in clear.
         cipher: Option<Cipher>,
+        /// Acknowledgements come over RDMA, with this many operations allowed
+        /// unacknowledged; `None`: over TLS, one at a time.
+        rdma_window: Option<u32>,
     },
     /// Refused, with the reason.
     Rejected(RejectReason),
@@ -414,6 +429,47 @@ pub struct Ack {
     pub seq: u64,
     /// Bytes the server saw arrive.
     pub bytes: u32,
+}
+
+impl Ack {
+    /// Bytes of an acknowledgement record sent over RDMA.
+    pub const WIRE_LEN: usize = 13;
+
+    /// The record SENT over RDMA on the streaming data path: the operation
+    /// (0 SEND, 1 WRITE), then the sequence number (u64) and the byte count
+    /// (u32), little-endian. Sealed like any payload when payloads are
+    /// protected, so only the server can have made it.
+    ///
+    /// ```
+    /// use secure_rdma::handshake::{Ack, Op};
+    ///
+    /// let ack = Ack { op: Op::Write, seq: 7, bytes: 4096 };
+    /// assert_eq!(Ack::decode(&ack.encode()), Some(ack));
+    /// assert_eq!(Ack::decode(b"short"), None);
+    /// ```
+    pub fn encode(&self) -> [u8; Ack::WIRE_LEN] {
+        let mut out = [0u8; Ack::WIRE_LEN];
+        out[0] = match self.op {
+            Op::Send => 0,
+            Op::Write => 1,
+        };
+        out[1..9].copy_from_slice(&self.seq.to_le_bytes());
+        out[9..13].copy_from_slice(&self.bytes.to_le_bytes());
+        out
+    }
+
+    /// Reads a record made by [`Ack::encode`]; `None` for anything else.
+    pub fn decode(b: &[u8]) -> Option<Ack> {
+        let b: &[u8; Ack::WIRE_LEN] = b.try_into().ok()?;
+        let op = match b[0] {
+            0 => Op::Send,
+            1 => Op::Write,
+            _ => return None,
+        };
+        let seq = u64::from_le_bytes(b[1..9].try_into().ok()?);
+        let bytes = u32::from_le_bytes(b[9..13].try_into().ok()?);
+        Some(Ack { op, seq, bytes })
+    }
 }
 
 /// What the server waits for from an established client.
@@ -493,10 +549,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 buffer_size,
                 identity,
                 cipher,
+                rdma_window,
             } => Ok(Verdict::Accepted {
                 buffer_size,
                 identity,
                 cipher,
+                rdma_window,
             }),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
@@ -739,6 +797,7 @@ mod tests {
             buffer_size: 4096,
             identity: "alice".into(),
             cipher: Some(Cipher::ChaCha20Poly1305),
+            rdma_window: None,
         })
         .unwrap();
         assert_eq!(

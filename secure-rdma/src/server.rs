@@ -21,7 +21,8 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use crate::handshake::{
-    AbortReason, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, VERSION,
+    AbortReason, Ack, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason,
+    RDMA_ACKS, VERSION,
 };
 use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
@@ -30,7 +31,7 @@ use crate::session::{
     Arrival, Secrets, Session, SessionAdmission, SessionConfig, SessionError, Tokens,
 };
 use crate::tls::{self, Side};
-use crate::verbs::{Device, GidEntry, GidSelector, VerbsError};
+use crate::verbs::{Device, GidEntry, GidSelector, Poll, VerbsError};
 
 /// Server settings (the `secure-server` flags).
 #[derive(Debug, Clone)]
@@ -74,7 +75,16 @@ pub struct ServerConfig {
     pub auth_failures: AuthFailures,
     /// Limits that keep one peer from taking the server down.
     pub limits: Limits,
+    /// How sessions wait for RDMA completions: event-driven (the default,
+    /// no CPU while idle) or busy polling (the lowest latency, a core per
+    /// busy session: for dedicated hosts and benchmarks).
+    pub poll: Poll,
 }
+
+/// Operations a client on the streaming data path ([`RDMA_ACKS`]) may have
+/// unacknowledged at once: the receive slots the server keeps posted per
+/// session, and the write slots it registers for it.
+pub const RDMA_WINDOW: usize = 16;
 
 /// What one peer may hold: connections before TLS completes, sessions per
 /// identity, time per write and per session.
@@ -332,6 +342,7 @@ impl Server {
     ///     allow_gid_mismatch: false,
     ///     auth_failures: Default::default(),
     ///     limits: Default::default(),
+    ///     poll: Default::default(), // event-driven completions
     /// })
     /// .await?;
     /// println!("listening on {}", server.local_addr()?);
@@ -736,6 +747,8 @@ struct Admitted {
     sgid: GidEntry,
     secrets: Secrets,
     session_cfg: SessionConfig,
+    /// Acknowledgements go over RDMA (the client asked for [`RDMA_ACKS`]).
+    rdma_acks: bool,
     held: Held,
 }
 
@@ -807,8 +820,19 @@ async fn admit(
             return Err(reject(&mut chan, RejectReason::Unavailable { detail }).await);
         }
     };
+    // The streaming data path: acknowledgements over RDMA, so the client may keep a window of
+    // operations in flight; each needs a receive slot (16 posted) and, for WRITEs, a slot of
+    // its own in the write region.
+    let rdma_window = hello
+        .capabilities
+        .iter()
+        .any(|c| c == RDMA_ACKS)
+        .then_some(RDMA_WINDOW);
     let session_cfg = SessionConfig {
         buffer_size: cfg.buffer_size,
+        recv_slots: RDMA_WINDOW,
+        send_slots: rdma_window.unwrap_or(1),
+        write_slots: rdma_window.unwrap_or(1),
         protected: protection.is_some(),
         accept_writes: true,
         peer_address: (!cfg.allow_gid_mismatch).then_some(peer_ip),
@@ -845,6 +869,7 @@ async fn admit(
         buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
         identity: identity.clone(),
         cipher,
+        rdma_window: rdma_window.map(|w| w as u32),
     };
     if chan.send(&accept).await.is_err() {
         return Err(Outcome::Failed);
@@ -856,6 +881,7 @@ async fn admit(
         sgid,
         secrets: Secrets { tokens, protection },
         session_cfg,
+        rdma_acks: rdma_window.is_some(),
         held: Held {
             _quota: quota,
             _identity: identity_session,
@@ -880,6 +906,7 @@ async fn serve_session(
         sgid,
         secrets,
         session_cfg,
+        rdma_acks,
         held,
     } = admitted;
     let setup = Session::establish(&mut chan, &device, sgid, secrets, session_cfg);
@@ -914,6 +941,7 @@ async fn serve_session(
         "client connected"
     );
 
+    session.set_poll(cfg.poll);
     let limits = cfg.limits;
     // A goodbye is a courtesy: never worth more than a short wait on a peer that stopped reading.
     let courtesy = limits.write_timeout.min(Duration::from_secs(2));
@@ -956,7 +984,18 @@ async fn serve_session(
                 };
                 seq += 1;
                 log_arrival(&identity, op, seq, &data, &mut content_log);
-                let ack = Message::Ack { op, seq, bytes: data.len() as u32 };
+                let bytes = u32::try_from(data.len()).unwrap_or(u32::MAX);
+                if rdma_acks {
+                    // The streaming data path: the acknowledgement is the client's credit back,
+                    // SENT over RDMA (sealed like a payload). Posted without waiting: the send
+                    // slots bound what is in flight.
+                    let record = Ack { op, seq, bytes }.encode();
+                    if let Err(e) = session.post(Op::Send, &record).await {
+                        break format!("RDMA error: {e}");
+                    }
+                    continue;
+                }
+                let ack = Message::Ack { op, seq, bytes };
                 // Bounded, and shutdown wins even while a client that stopped reading blocks
                 // the write.
                 let sent = tokio::select! {

@@ -54,6 +54,16 @@ pub enum SessionError {
         /// What the acknowledgement names.
         acked: crate::handshake::Op,
     },
+    /// An RDMA message from the server where an acknowledgement record
+    /// ([`crate::handshake::Ack::encode`]) belongs was not one.
+    #[error("protocol error: the server's RDMA acknowledgement is malformed ({len} bytes)")]
+    BadAck {
+        /// Bytes that arrived.
+        len: usize,
+    },
+    /// An acknowledgement was awaited while no operation was in flight.
+    #[error("no operation is in flight: nothing to acknowledge")]
+    NothingInFlight,
     /// The control channel did not answer in time.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
@@ -88,6 +98,14 @@ pub struct SessionConfig {
     pub buffer_size: usize,
     /// Receive slots kept posted.
     pub recv_slots: usize,
+    /// Messages this side may have posted and not yet seen complete
+    /// ([`Session::post`]): each has its own slot in the send region, so a
+    /// pipelined sender never overwrites bytes still on their way.
+    pub send_slots: usize,
+    /// Slots of the region the peer WRITEs into (with `accept_writes`): the
+    /// peer's n-th WRITE lands in slot n mod `write_slots`, so that many can
+    /// be in flight before the first is consumed.
+    pub write_slots: usize,
     /// Timeout of each step (completions, control replies, confirmation).
     pub timeout: Duration,
     /// Payloads are sealed ([`crate::protect`]): every buffer grows by
@@ -111,6 +129,11 @@ impl SessionConfig {
             self.buffer_size.saturating_add(overhead).max(TOKEN_LEN),
             self.recv_slots.max(2),
         )
+    }
+
+    /// Send slots and write slots, at least one each.
+    fn slots(&self) -> (usize, usize) {
+        (self.send_slots.max(1), self.write_slots.max(1))
     }
 
     /// Admits, against `quota`, every control-path call [`Session::establish`]
@@ -147,8 +170,9 @@ impl SessionConfig {
         for _ in 0..2 {
             held.push(quota.admit(Verb::CqCreate)?);
         }
-        let data = self.accept_writes.then_some(bs);
-        for size in [Some(bs), Some(bs.saturating_mul(slots)), data]
+        let (send_slots, write_slots) = self.slots();
+        let data = self.accept_writes.then_some(bs.saturating_mul(write_slots));
+        for size in [Some(bs.saturating_mul(send_slots)), Some(bs.saturating_mul(slots)), data]
             .into_iter()
             .flatten()
         {
@@ -170,6 +194,8 @@ impl Default for SessionConfig {
         SessionConfig {
             buffer_size: 4096,
             recv_slots: 16,
+            send_slots: 1,
+            write_slots: 1,
             timeout: Duration::from_secs(5),
             protected: true,
             accept_writes: true,
@@ -236,6 +262,30 @@ pub enum Arrival {
     Write(Vec<u8>),
 }
 
+impl Arrival {
+    /// The operation that made it land.
+    pub fn op(&self) -> Op {
+        match self {
+            Arrival::Send(_) => Op::Send,
+            Arrival::Write(_) => Op::Write,
+        }
+    }
+
+    /// The bytes that arrived.
+    pub fn data(&self) -> &[u8] {
+        match self {
+            Arrival::Send(d) | Arrival::Write(d) => d,
+        }
+    }
+
+    /// The bytes that arrived, owned.
+    pub fn into_data(self) -> Vec<u8> {
+        match self {
+            Arrival::Send(d) | Arrival::Write(d) => d,
+        }
+    }
+}
+
 const TOKEN_WR: u64 = u64::MAX;
 const SEND_WR: u64 = 1;
 const WRITE_WR: u64 = 2;
@@ -253,6 +303,14 @@ pub struct Session {
     scratch: Vec<u8>,
     /// Bytes of a message slot: payload plus overhead when protected.
     slot_len: usize,
+    /// Operations posted, and how many of them have completed: the
+    /// difference is in flight, each in its own send slot.
+    posted: u64,
+    completed: u64,
+    /// WRITEs posted to the peer (the next lands in slot `writes_posted`
+    /// mod the peer's write slots) and WRITEs that landed here.
+    writes_posted: u64,
+    writes_landed: u64,
     config: SessionConfig,
     wiring: Wiring,
     timing: EstablishTiming,
@@ -311,20 +369,25 @@ impl Session {
             return Err(SessionError::ProtectionMismatch);
         }
         let (bs, slots) = config.layout();
+        let (send_slots, write_slots) = config.slots();
         let pd = device.alloc_pd()?;
         let depth = u32::try_from(slots * 2).unwrap_or(u32::MAX);
         let send_cq = CompletionQueue::new(device, depth)?;
         let recv_cq = CompletionQueue::new(device, depth)?;
-        let send_mr = MemoryRegion::new(&pd, bs, MrAccess::Local)?;
+        let send_mr = MemoryRegion::new(&pd, bs * send_slots, MrAccess::Local)?;
         let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
         // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
         // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
         let data_mr = match config.accept_writes {
-            true => Some(MemoryRegion::new(&pd, bs, MrAccess::RemoteWrite)?),
+            true => Some(MemoryRegion::new(
+                &pd,
+                bs * write_slots,
+                MrAccess::RemoteWrite,
+            )?),
             false => None,
         };
         let caps = QpCaps {
-            max_send_wr: 16,
+            max_send_wr: u32::try_from(send_slots.max(16)).unwrap_or(u32::MAX),
             max_recv_wr: depth,
         };
         let mut qp = QueuePair::create(&pd, &send_cq, &recv_cq, sgid.clone(), caps)?
@@ -425,8 +488,14 @@ impl Session {
             protection,
             scratch: Vec::with_capacity(bs),
             slot_len: bs,
+            posted: 0,
+            completed: 0,
+            writes_posted: 0,
+            writes_landed: 0,
             config: SessionConfig {
                 recv_slots: slots,
+                send_slots,
+                write_slots,
                 ..config
             },
             wiring: Wiring {
@@ -468,69 +537,132 @@ impl Session {
         self.config.buffer_size
     }
 
-    /// Largest WRITE payload, in bytes: the smaller of ours and what the
-    /// peer's buffer holds (0 when the peer accepts no writes).
+    /// Largest WRITE payload, in bytes: the smaller of ours and what one
+    /// slot of the peer's buffer holds (0 when the peer accepts no writes).
     pub fn max_write_len(&self) -> usize {
         let overhead = self.slot_len - self.config.buffer_size.min(self.slot_len);
         let remote = self.remote_buffer.map_or(0, |b| {
             usize::try_from(b.len)
                 .unwrap_or(usize::MAX)
+                .min(self.slot_len)
                 .saturating_sub(overhead)
         });
         self.config.buffer_size.min(remote)
     }
 
-    /// Puts `data` into the send region as it goes on the wire (sealed when
-    /// protected); returns the wire length.
-    fn stage(&mut self, op: Op, data: &[u8], max: usize) -> Result<usize, SessionError> {
+    /// Slots of the peer's write buffer: WRITEs go to them in turn. The peer
+    /// registered `write_slots` slots of our common slot length.
+    fn remote_write_slots(&self, remote: &RemoteBuffer) -> u64 {
+        (remote.len / self.slot_len as u64).max(1)
+    }
+
+    /// Operations posted whose completion has not been seen yet.
+    pub fn in_flight(&self) -> usize {
+        (self.posted - self.completed) as usize
+    }
+
+    /// Operations this side may have in flight at once (its send slots).
+    pub fn send_slots(&self) -> usize {
+        self.config.send_slots
+    }
+
+    /// Waits for the oldest operation in flight to complete (completions of
+    /// one RC send queue come in posting order).
+    async fn complete_one(&mut self) -> Result<(), SessionError> {
+        let what = "an RDMA operation to complete";
+        self.qp
+            .send_cq()
+            .next_ok(what, self.config.timeout)
+            .await?;
+        self.completed += 1;
+        Ok(())
+    }
+
+    /// Puts `data` into the next send slot as it goes on the wire (sealed
+    /// when protected), first waiting for that slot's previous operation to
+    /// complete; returns the slot's byte range.
+    async fn stage(
+        &mut self,
+        op: Op,
+        data: &[u8],
+        max: usize,
+    ) -> Result<std::ops::Range<usize>, SessionError> {
         if data.len() > max {
             return Err(SessionError::TooLarge {
                 len: data.len(),
                 max,
             });
         }
-        match &mut self.protection {
+        while self.in_flight() >= self.config.send_slots {
+            self.complete_one().await?;
+        }
+        let at = (self.posted % self.config.send_slots as u64) as usize * self.slot_len;
+        let n = match &mut self.protection {
             None => {
-                self.send_mr.write(0, data)?;
-                Ok(data.len())
+                self.send_mr.write(at, data)?;
+                data.len()
             }
             Some(p) => {
                 self.scratch.resize(data.len() + OVERHEAD, 0);
                 let n = p.sealer.seal(op, data, &mut self.scratch)?;
-                self.send_mr.write(0, &self.scratch[..n])?;
-                Ok(n)
+                self.send_mr.write(at, &self.scratch[..n])?;
+                n
+            }
+        };
+        Ok(at..at + n)
+    }
+
+    /// Posts an RDMA SEND (`Op::Send`) or WRITE WITH IMMEDIATE (`Op::Write`)
+    /// of `data` without waiting for it to complete: up to
+    /// [`SessionConfig::send_slots`] operations stay in flight, and a post
+    /// beyond that first waits for the oldest. [`Session::flush`] waits for
+    /// all of them. The peer must have a receive posted for each (its
+    /// acknowledgements are the credits: see [`crate::client::Client::post`]).
+    pub async fn post(&mut self, op: Op, data: &[u8]) -> Result<(), SessionError> {
+        match op {
+            Op::Send => {
+                let range = self.stage(Op::Send, data, self.max_len()).await?;
+                self.qp.post_send(SEND_WR, &self.send_mr, range)?;
+            }
+            Op::Write => {
+                let remote = self.remote_buffer.ok_or(SessionError::NoRemoteBuffer)?;
+                let max = self.max_write_len();
+                let range = self.stage(Op::Write, data, max).await?;
+                let len = u32::try_from(range.len()).map_err(|_| SessionError::TooLarge {
+                    len: data.len(),
+                    max,
+                })?;
+                let slot = self.writes_posted % self.remote_write_slots(&remote);
+                let offset = slot * self.slot_len as u64;
+                self.qp
+                    .post_write_imm(WRITE_WR, &self.send_mr, range, &remote, offset, len)?;
+                self.writes_posted += 1;
             }
         }
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// Waits until every posted operation has completed.
+    pub async fn flush(&mut self) -> Result<(), SessionError> {
+        while self.in_flight() > 0 {
+            self.complete_one().await?;
+        }
+        Ok(())
     }
 
     /// RDMA SENDs `data` to the peer and waits for its completion.
     pub async fn send(&mut self, data: &[u8]) -> Result<(), SessionError> {
-        let n = self.stage(Op::Send, data, self.max_len())?;
-        self.qp.post_send(SEND_WR, &self.send_mr, 0..n)?;
-        self.qp
-            .send_cq()
-            .next_ok("the SEND to complete", self.config.timeout)
-            .await?;
-        Ok(())
+        self.post(Op::Send, data).await?;
+        self.flush().await
     }
 
-    /// RDMA WRITEs `data` into the peer's buffer at offset 0 with its wire
-    /// length as the immediate, so the peer learns the write landed and its
-    /// size.
+    /// RDMA WRITEs `data` into the peer's buffer (its next write slot) with
+    /// the wire length as the immediate, so the peer learns the write landed
+    /// and its size, and waits for its completion.
     pub async fn write(&mut self, data: &[u8]) -> Result<(), SessionError> {
-        let remote = self.remote_buffer.ok_or(SessionError::NoRemoteBuffer)?;
-        let n = self.stage(Op::Write, data, self.max_write_len())?;
-        let len = u32::try_from(n).map_err(|_| SessionError::TooLarge {
-            len: data.len(),
-            max: self.max_write_len(),
-        })?;
-        self.qp
-            .post_write_imm(WRITE_WR, &self.send_mr, 0..n, &remote, 0, len)?;
-        self.qp
-            .send_cq()
-            .next_ok("the RDMA WRITE to complete", self.config.timeout)
-            .await?;
-        Ok(())
+        self.post(Op::Write, data).await?;
+        self.flush().await
     }
 
     /// Waits (without timeout: the caller selects on it) for the next SEND or
@@ -549,11 +681,23 @@ impl Session {
             return Err(VerbsError::UnknownReceive(wc.wr_id).into());
         }
         let (op, raw) = match wc.opcode {
-            WcOpcode::Recv => (Op::Send, self.recv_mr.read(slot * bs, wc.byte_len as usize)),
+            WcOpcode::Recv => (
+                Op::Send,
+                self.recv_mr
+                    .read(slot * bs, wc.byte_len as usize)
+                    .map_err(SessionError::from),
+            ),
             WcOpcode::RecvRdmaWithImm => {
                 let len = wc.imm_data.unwrap_or(0) as usize;
+                // WRITEs land in our slots in turn, and an RC QP delivers them in order, so
+                // the slot is ours to know, not the peer's to say.
+                let at = (self.writes_landed % self.config.write_slots as u64) as usize * bs;
+                self.writes_landed += 1;
                 match &self.data_mr {
-                    Some(mr) => (Op::Write, mr.read(0, len)),
+                    // A length beyond the slot is not a WRITE we allowed (it would read the
+                    // next slot): refused, after the receive is re-posted below.
+                    Some(_) if len > bs => (Op::Write, Err(SessionError::TooLarge { len, max: bs })),
+                    Some(mr) => (Op::Write, mr.read(at, len).map_err(SessionError::from)),
                     // We registered nothing for writes and gave the QP no remote write access:
                     // the device should have refused this.
                     None => return Err(VerbsError::UnexpectedCompletion(wc.opcode).into()),

@@ -64,13 +64,16 @@ fn bench_connect_send_write_print_sane_json() {
         sane_summary(&v["phases_us"][phase], phase);
     }
 
+    // The streaming data path (acknowledgements over RDMA, a window in flight) for both
+    // operations, and the TLS-acknowledged path of the interactive client.
     for (op, poll, extra) in [
         ("send", "busy", vec!["--window", "8"]),
         ("send", "event", vec![]),
         ("write", "busy", vec![]),
+        ("write", "event", vec!["--acks", "tls", "--window", "1"]),
     ] {
         for protected in [true, false] {
-            let what = format!("bench {op} --poll {poll} protected={protected}");
+            let what = format!("bench {op} --poll {poll} {extra:?} protected={protected}");
             let mut cmd = client(&pki, &server, Some("bench"));
             if !protected {
                 cmd.arg("--no-payload-protection");
@@ -84,6 +87,14 @@ fn bench_connect_send_write_print_sane_json() {
             assert_eq!(v["size"], 1024, "{what}: {v}");
             assert_eq!(v["iters"], 50, "{what}: {v}");
             assert_eq!(v["poll"], poll, "{what}: {v}");
+            let tls = extra.contains(&"tls");
+            assert_eq!(v["acks"], if tls { "tls" } else { "rdma" }, "{what}: {v}");
+            let window = match (tls, extra.contains(&"8")) {
+                (true, _) => 1,
+                (false, true) => 8,
+                (false, false) => 16,
+            };
+            assert_eq!(v["window"], window, "{what}: {v}");
             assert_eq!(v["protection"] == "none", !protected, "{what}: {v}");
             sane_summary(&v["latency_us"], &what);
             let bw = v["bandwidth_mb_s"].as_f64().unwrap_or(0.0);

@@ -137,14 +137,26 @@ pub struct Completion {
     pub imm_data: Option<u32>,
 }
 
-/// How a wait for a completion waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a wait for a completion waits (`"event"` or `"busy"` in text and
+/// configuration files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Poll {
     /// Sleep until the completion channel signals (no CPU while idle).
     #[default]
     Event,
     /// Poll the CQ in a loop: the lowest latency, one core busy while waiting.
     Busy,
+}
+
+impl Poll {
+    /// Its name: `event` or `busy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Poll::Event => "event",
+            Poll::Busy => "busy",
+        }
+    }
 }
 
 impl std::str::FromStr for Poll {
