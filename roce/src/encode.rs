@@ -235,6 +235,9 @@ impl PacketBuilder {
         let mut b = PacketBuilder::new(p.bth.opcode);
         if let Some(e) = p.ethernet {
             (b.src_mac, b.dst_mac, b.vlan) = (e.src, e.dst, e.vlan);
+        } else if let Some(mac) = p.cooked.and_then(|c| c.mac()) {
+            // A cooked capture keeps only the sender's MAC.
+            b.src_mac = mac;
         }
         match p.ip {
             Some(IpHeader::V4(h)) => {

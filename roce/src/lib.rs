@@ -6,10 +6,12 @@
 //! payload, and recomputes the ICRC. Nothing in it panics on any input: every length is
 //! checked and every failure is a [`DecodeError`] naming the layer and offset.
 //!
-//! Three entry points match the three places a capture can start:
+//! Four entry points match the four places a capture can start:
 //!
 //! * [`decode_ethernet`] — a whole frame, as XDP/TC or a pcap with `LINKTYPE_ETHERNET` sees it;
 //! * [`decode_ip`] — a datagram starting at the IP header, as the rxe kprobes see `skb` data;
+//! * [`decode_sll_snapped`] — a Linux cooked capture record (`tcpdump -i any`: SLL or SLL2
+//!   header, then IP);
 //! * [`decode_udp_payload`] — BTH onwards, when only the UDP payload is known (the ICRC then
 //!   cannot be checked: [`IcrcCheck::NoIpHeader`]).
 //!
@@ -25,14 +27,16 @@
 //!
 //! 1. `opcode` — the IBA opcode table: [`Opcode`], [`Transport`], [`Operation`], which
 //!    extension headers ([`ExtHeaderKind`]) and payload ([`PayloadRule`]) each opcode has;
-//! 2. `eth`, `ip`, `udp`, `bth`, `ext` — one header type each, outermost first: [`Ethernet`],
-//!    [`IpHeader`], [`Udp`], [`Bth`], [`ExtHeaders`];
+//! 2. `eth`, [`sll`], `ip`, `udp`, `bth`, `ext` — one header type each, outermost first:
+//!    [`Ethernet`] or the Linux cooked capture header [`sll::LinuxSll`], [`IpHeader`], [`Udp`],
+//!    [`Bth`], [`ExtHeaders`];
 //! 3. `packet` and `error` — the decoded [`Packet`] with its [`IcrcCheck`], and why a buffer
 //!    is not one ([`DecodeError`]); `reader` is the bounds-checked cursor they parse with;
 //! 4. [`icrc`] — the invariant CRC both directions compute;
 //! 5. [`encode`] — [`PacketBuilder`], packets from fields;
 //! 6. [`render`] — packets as text or JSON lines (`hex` formats their opaque values);
-//! 7. [`pcap`] — capture files: a pcap writer, a pcap and pcapng reader, [`pcap::Timestamp`];
+//! 7. [`pcap`] — capture files: a pcap writer, a pcap and pcapng reader (of a whole file, or
+//!    streaming from a pipe), [`pcap::Timestamp`];
 //! 8. [`follow`] — a QP's PSN sequence per direction: gaps, duplicates, retransmissions;
 //! 9. [`stats`] — counts over a capture.
 //!
@@ -66,6 +70,7 @@ pub mod follow;
 pub mod icrc;
 pub mod pcap;
 pub mod render;
+pub mod sll;
 pub mod stats;
 
 pub use bth::Bth;
@@ -130,6 +135,32 @@ pub fn decode_ip(packet: &[u8]) -> Result<Packet<'_>, DecodeError> {
 /// wire. See [`decode_ethernet_snapped`].
 pub fn decode_ip_snapped(packet: &[u8], orig_len: usize) -> Result<Packet<'_>, DecodeError> {
     packet::raw_ip(packet, orig_len)
+}
+
+/// Decodes a Linux cooked capture record, as `tcpdump -i any` writes them
+/// (`LINKTYPE_LINUX_SLL` or `LINKTYPE_LINUX_SLL2`): the cooked header, whose protocol field
+/// must announce IPv4 or IPv6, then the IP datagram. `orig_len` is the record's length on the
+/// wire (see [`decode_ethernet_snapped`]); the header is kept in [`Packet::cooked`].
+///
+/// ```
+/// use roce::sll::{LinuxSll, PacketType, SllVersion};
+/// # let frame = roce::doc_example_frame();
+///
+/// let mut record =
+///     LinuxSll::ethernet(SllVersion::V2, PacketType::Outgoing, 3, [2, 0, 0, 0, 0, 1], 0x0800)
+///         .to_bytes();
+/// record.extend_from_slice(&frame[14..]);
+/// let pkt = roce::decode_sll_snapped(&record, record.len(), SllVersion::V2)?;
+/// assert_eq!(pkt.cooked.and_then(|c| c.ifindex), Some(3));
+/// assert!(pkt.icrc_ok);
+/// # Ok::<(), roce::DecodeError>(())
+/// ```
+pub fn decode_sll_snapped(
+    record: &[u8],
+    orig_len: usize,
+    version: sll::SllVersion,
+) -> Result<Packet<'_>, DecodeError> {
+    packet::cooked(record, orig_len, version)
 }
 
 /// Decodes a UDP payload: BTH, extension headers, payload, pad and ICRC. The ICRC is reported

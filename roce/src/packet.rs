@@ -12,6 +12,7 @@ use crate::icrc::{self, ICRC_LEN};
 use crate::ip::{IpHeader, Ipv4, Ipv6};
 use crate::opcode::{Opcode, PayloadRule};
 use crate::reader::Reader;
+use crate::sll::{LinuxSll, SllVersion};
 use crate::udp::{Udp, ROCE_V2_PORT};
 
 /// The outcome of checking the ICRC.
@@ -42,6 +43,10 @@ pub enum IcrcCheck {
 pub struct Packet<'a> {
     /// The Ethernet header, when decoding a frame.
     pub ethernet: Option<Ethernet>,
+    /// The Linux cooked capture header, when decoding a `tcpdump -i any` record
+    /// ([`decode_sll_snapped`](crate::decode_sll_snapped)). Left out of JSON when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooked: Option<LinuxSll>,
     /// The IP header.
     pub ip: Option<IpHeader>,
     /// The UDP header.
@@ -117,6 +122,24 @@ pub(crate) fn ethernet(frame: &[u8], orig_len: usize) -> Result<Packet<'_>, Deco
     };
     let mut p = ip(r.rest(), r.offset(), capture, expected)?;
     p.ethernet = Some(eth);
+    Ok(p)
+}
+
+pub(crate) fn cooked(
+    record: &[u8],
+    orig_len: usize,
+    version: SllVersion,
+) -> Result<Packet<'_>, DecodeError> {
+    let capture = Capture::of(record.len(), orig_len);
+    let mut r = Reader::new(record, 0);
+    let sll = LinuxSll::read(&mut r, version)?;
+    let expected = match sll.protocol {
+        ETHERTYPE_IPV4 => IpExpect::V4,
+        ETHERTYPE_IPV6 => IpExpect::V6,
+        other => return Err(DecodeError::UnsupportedEthertype(other)),
+    };
+    let mut p = ip(r.rest(), r.offset(), capture, expected)?;
+    p.cooked = Some(sll);
     Ok(p)
 }
 
@@ -254,6 +277,7 @@ impl<'a> Transport<'a> {
     ) -> Packet<'a> {
         Packet {
             ethernet: None,
+            cooked: None,
             ip,
             udp,
             bth: self.bth,

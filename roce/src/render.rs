@@ -1,7 +1,15 @@
 //! Human-readable text and JSON lines for decoded packets.
 //!
-//! Text is one summary line (`[timestamp] src -> dst opcode`) followed by one indented line per
-//! header in wire order, a hex + ASCII preview of the first 32 payload bytes and the ICRC
+//! [`line`] is one line per packet, as tcpdump prints them by default: timestamp, addresses,
+//! opcode, destination QP, PSN, the extension headers' fields, payload length and the ICRC
+//! verdict:
+//!
+//! ```text
+//! 1700000000.000000001 10.77.0.2:49152 -> 10.77.0.1:4791 RC RDMA WRITE Only dqpn=0x000011 psn=0x83f247 RETH va=0x00007f0000001000 rkey=0x00001234 len=1024 data=1024 icrc=ok
+//! ```
+//!
+//! [`text`] is that summary line (without the per-packet fields) followed by one indented line
+//! per header in wire order, a hex + ASCII preview of the first 32 payload bytes and the ICRC
 //! verdict:
 //!
 //! ```text
@@ -35,15 +43,50 @@ use crate::pcap::Timestamp;
 /// Payload bytes shown in the text preview.
 pub const PREVIEW_BYTES: usize = 32;
 
-/// Renders a packet as multi-line text (no trailing newline).
-pub fn text(p: &Packet<'_>, ts: Option<Timestamp>) -> String {
-    let mut s = String::with_capacity(512);
+/// Renders a packet as one line (no trailing newline); see the module documentation.
+///
+/// ```
+/// # let frame = roce::doc_example_frame();
+/// let pkt = roce::decode_ethernet(&frame)?;
+/// assert_eq!(
+///     roce::render::line(&pkt, None),
+///     "10.77.0.1:49153 -> 10.77.0.2:4791 RC Acknowledge dqpn=0x000011 psn=0x83f247 \
+///      AETH syndrome=ACK credits=31 msn=5 icrc=ok"
+/// );
+/// # Ok::<(), roce::DecodeError>(())
+/// ```
+pub fn line(p: &Packet<'_>, ts: Option<Timestamp>) -> String {
+    let mut s = String::with_capacity(160);
     // Writing to a String cannot fail; the results are ignored rather than unwrapped.
-    let _ = write_text(&mut s, p, ts);
+    let _ = write_line(&mut s, p, ts);
     s
 }
 
-fn write_text(s: &mut String, p: &Packet<'_>, ts: Option<Timestamp>) -> std::fmt::Result {
+fn write_line(s: &mut String, p: &Packet<'_>, ts: Option<Timestamp>) -> std::fmt::Result {
+    write_summary(s, p, ts)?;
+    write!(s, " dqpn=0x{:06x} psn=0x{:06x}", p.bth.dest_qp, p.bth.psn)?;
+    for &kind in p.opcode().ext_headers() {
+        s.push(' ');
+        write_ext(s, kind, &p.ext)?;
+    }
+    if p.opcode().has_payload() && p.opcode() != Opcode::CNP {
+        write!(s, " data={}", p.payload_len)?;
+        if p.truncated {
+            write!(s, " captured={}", p.payload.len())?;
+        }
+    }
+    s.push_str(" icrc=");
+    s.push_str(match p.icrc_check {
+        IcrcCheck::Valid => "ok",
+        IcrcCheck::Invalid { .. } => "BAD",
+        IcrcCheck::NoIpHeader => "unchecked",
+        IcrcCheck::Truncated => "cut",
+    });
+    Ok(())
+}
+
+/// `[timestamp] src -> dst opcode`, the start of both forms.
+fn write_summary(s: &mut String, p: &Packet<'_>, ts: Option<Timestamp>) -> std::fmt::Result {
     if let Some(ts) = ts {
         write!(s, "{ts} ")?;
     }
@@ -52,7 +95,66 @@ fn write_text(s: &mut String, p: &Packet<'_>, ts: Option<Timestamp>) -> std::fmt
         _ => s.push_str("(UDP payload only) "),
     }
     s.push_str(p.opcode().name());
+    Ok(())
+}
 
+/// A hex and ASCII dump of `bytes`, 16 a line, each line indented by `indent` spaces and
+/// starting with its offset (no trailing newline): what `rdma-capture -x` prints.
+///
+/// ```
+/// let dump = roce::render::hex_dump(b"RoCEv2 over UDP, port 4791", 2);
+/// assert_eq!(
+///     dump,
+///     "  0000  52 6f 43 45 76 32 20 6f 76 65 72 20 55 44 50 2c  |RoCEv2 over UDP,|\n\
+///      \x20 0010  20 70 6f 72 74 20 34 37 39 31                    | port 4791|"
+/// );
+/// ```
+pub fn hex_dump(bytes: &[u8], indent: usize) -> String {
+    let mut s = String::with_capacity(bytes.len() * 5);
+    for (i, line) in bytes.chunks(16).enumerate() {
+        if i > 0 {
+            s.push('\n');
+        }
+        let _ = write_hex_line(&mut s, indent, i * 16, line);
+    }
+    s
+}
+
+/// One line of a hex dump: offset, 16 hex bytes (padded), ASCII.
+fn write_hex_line(s: &mut String, indent: usize, offset: usize, line: &[u8]) -> std::fmt::Result {
+    write!(s, "{:indent$}{offset:04x} ", "")?;
+    for b in line {
+        write!(s, " {b:02x}")?;
+    }
+    for _ in line.len()..16 {
+        s.push_str("   ");
+    }
+    s.push_str("  |");
+    s.extend(line.iter().map(|&b| {
+        if b.is_ascii_graphic() || b == b' ' {
+            char::from(b)
+        } else {
+            '.'
+        }
+    }));
+    s.push('|');
+    Ok(())
+}
+
+/// Renders a packet as multi-line text, every header on a line of its own (no trailing
+/// newline).
+pub fn text(p: &Packet<'_>, ts: Option<Timestamp>) -> String {
+    let mut s = String::with_capacity(512);
+    // Writing to a String cannot fail; the results are ignored rather than unwrapped.
+    let _ = write_text(&mut s, p, ts);
+    s
+}
+
+fn write_text(s: &mut String, p: &Packet<'_>, ts: Option<Timestamp>) -> std::fmt::Result {
+    write_summary(s, p, ts)?;
+    if let Some(c) = &p.cooked {
+        write!(s, "\n  {c}")?;
+    }
     if let Some(e) = &p.ethernet {
         write!(
             s,
@@ -196,22 +298,8 @@ fn write_payload(s: &mut String, p: &Packet<'_>) -> std::fmt::Result {
     }
     let shown = p.payload.get(..PREVIEW_BYTES).unwrap_or(p.payload);
     for (i, line) in shown.chunks(16).enumerate() {
-        write!(s, "\n       {:04x} ", i * 16)?;
-        for b in line {
-            write!(s, " {b:02x}")?;
-        }
-        for _ in line.len()..16 {
-            s.push_str("   ");
-        }
-        s.push_str("  |");
-        s.extend(line.iter().map(|&b| {
-            if b.is_ascii_graphic() || b == b' ' {
-                char::from(b)
-            } else {
-                '.'
-            }
-        }));
-        s.push('|');
+        s.push('\n');
+        write_hex_line(s, 7, i * 16, line)?;
     }
     let more = p.payload.len() - shown.len();
     if more > 0 {

@@ -144,3 +144,53 @@ fn json_errors() {
         (Some("unknown_opcode"), Some("1.000000000"))
     );
 }
+
+/// The default of `rdma-capture`: one line a packet, with what identifies it (QP, PSN), every
+/// extension header's fields, the payload length and the ICRC verdict.
+#[test]
+fn one_line_per_packet() {
+    let p = eth(&write_only());
+    let line = render::line(&p, Some(Timestamp::new(1_700_000_000, 1)));
+    assert_eq!(
+        line,
+        "1700000000.000000001 10.77.0.2:49152 -> 10.77.0.1:4791 RC RDMA WRITE Only \
+         dqpn=0x000011 psn=0x83f247 RETH va=0x00007f0000001000 rkey=0x00001234 len=1024 \
+         data=1024 icrc=ok"
+    );
+    assert!(!line.contains('\n'));
+
+    let frame = write_only().frame();
+    let cut = decode_ethernet_snapped(&frame[..100], frame.len()).unwrap();
+    assert!(render::line(&cut, None).ends_with(" data=1024 captured=30 icrc=cut"));
+
+    let mut bad = frame.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let p = roce::decode_ethernet(&bad).unwrap();
+    assert!(render::line(&p, None).ends_with(" icrc=BAD"));
+}
+
+#[test]
+fn text_shows_the_cooked_header_and_hex_dumps_pad_the_last_line() {
+    use roce::sll::{LinuxSll, PacketType, SllVersion};
+
+    let pkt = Pkt::new(0x11).ext(aeth(0x1f, 5));
+    let header = LinuxSll::ethernet(SllVersion::V2, PacketType::Host, 4, pkt.src_mac, 0x0800);
+    let mut record = header.to_bytes();
+    record.extend(pkt.datagram());
+    let p = roce::decode_sll_snapped(&record, record.len(), SllVersion::V2).unwrap();
+    let text = render::text(&p, None);
+    assert!(
+        text.contains("\n  SLL2 In if=4 hatype=1 addr=02:00:00:00:00:02 proto=0x0800\n  IPv4 "),
+        "{text}"
+    );
+    assert!(!text.contains("\n  ETH "), "{text}");
+
+    let dump = render::hex_dump(&record[..20], 4);
+    assert_eq!(
+        dump,
+        "    0000  08 00 00 00 00 00 00 04 00 01 00 06 02 00 00 00  |................|\n    \
+         0010  00 02 00 00                                      |....|"
+    );
+    assert_eq!(render::hex_dump(&[], 2), "");
+}

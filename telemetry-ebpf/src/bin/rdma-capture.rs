@@ -3,8 +3,8 @@
 //! is in `telemetry_ebpf::capture`.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::io::{self, BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,16 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
+/// Ctrl-C while reading a pipe (`tcpdump -U -w - | rdma-capture -r -`) reaches both programs:
+/// the writer flushes and exits, and the packets it flushed are still decoded before the
+/// summary. A second Ctrl-C, for a writer that does not stop, exits at once.
+extern "C" fn on_signal_reading_pipe(_: libc::c_int) {
+    if STOP.swap(true, Ordering::Relaxed) {
+        // SAFETY: _exit is async-signal-safe; nothing is left to clean up when reading a pipe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
 /// Capture RoCEv2 (UDP 4791) traffic of Soft-RoCE with eBPF and decode it.
 ///
 /// By default XDP (received frames) and TC (sent frames) programs are attached to the netdev:
@@ -34,6 +44,10 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// --count packets or --duration seconds, and prints a summary: packets per opcode, bad ICRCs,
 /// kernel-side drops, and the PSN history of every followed sequence (each direction's
 /// requests, and its responses).
+///
+/// One line per packet by default; -v shows every header, -x adds a hex dump. -r reads pcap
+/// and pcapng files (Ethernet, raw IP, and tcpdump -i any's Linux cooked SLL/SLL2), from a
+/// pipe with -r -:  tcpdump -i any -U -w - udp port 4791 | rdma-capture -r -
 #[derive(Parser, Debug)]
 #[command(
     version,
@@ -49,13 +63,15 @@ struct Args {
     /// Capture inside rxe with kprobes instead of on the netdev (same-device traffic too).
     #[arg(long)]
     rxe: bool,
-    /// Decode this pcap or pcapng file (Ethernet or raw IP) instead of capturing; needs no
-    /// privileges.
+    /// Decode this capture file instead of capturing; needs no privileges. pcap or pcapng
+    /// (told by their contents, not the name), with Ethernet, raw IP or Linux cooked (SLL,
+    /// SLL2: tcpdump -i any) records. "-" reads standard input as the packets arrive.
     #[arg(short = 'r', long, value_name = "FILE.pcap", conflicts_with_all = ["interface", "device", "rxe", "duration"])]
     read: Option<PathBuf>,
     /// Write the packets shown to this pcap file (Ethernet, nanosecond timestamps). Created
     /// mode 0600 (it holds payloads); a symlink at the path is refused, an existing file
-    /// replaced, and the file is removed again if the capture fails.
+    /// replaced, and the file is removed again if the capture fails. "-" writes the pcap to
+    /// standard output; the packet lines then go to standard error (-q: none).
     #[arg(short = 'w', long, value_name = "FILE.pcap")]
     write: Option<PathBuf>,
     /// Print one JSON object per packet, and the summary as a final {"summary": …} line.
@@ -64,6 +80,13 @@ struct Args {
     /// Print no packets, only the summary.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Print every header of each packet on a line of its own (link layer, IP, UDP, BTH,
+    /// extension headers, payload preview, ICRC check) instead of one line per packet.
+    #[arg(short = 'v', long, conflicts_with_all = ["json", "quiet"])]
+    verbose: bool,
+    /// Follow each packet with a hex and ASCII dump of its captured bytes.
+    #[arg(short = 'x', long, conflicts_with_all = ["json", "quiet"])]
+    hex: bool,
     /// Show only this QP: packets to it and its peer's packets back (recognised when a response
     /// answers a request, and printed from their first one); flags PSN gaps, duplicates and
     /// retransmissions per direction. Decimal or 0x-hex.
@@ -88,7 +111,7 @@ struct Args {
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     duration: Option<Duration>,
     /// Bytes captured per packet (1..=2048; the default keeps whole packets at MTU 1500).
-    #[arg(long, default_value_t = MAX_SNAPLEN,
+    #[arg(short = 's', long, value_name = "BYTES", default_value_t = MAX_SNAPLEN,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SNAPLEN)))]
     snaplen: u32,
     /// Use generic (SKB) XDP only, never driver mode.
@@ -176,19 +199,65 @@ fn monotonic_offset_ns() -> i128 {
     ts(libc::CLOCK_REALTIME) - ts(libc::CLOCK_MONOTONIC)
 }
 
+/// Where `-w` writes the pcap: a private file, or standard output (`-w -`).
+enum PcapSink {
+    File(BufWriter<File>),
+    Stdout(BufWriter<io::StdoutLock<'static>>),
+}
+
+impl Write for PcapSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            PcapSink::File(w) => w.write(buf),
+            PcapSink::Stdout(w) => w.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            PcapSink::File(w) => w.flush(),
+            PcapSink::Stdout(w) => w.flush(),
+        }
+    }
+}
+
+impl PcapSink {
+    /// Flushes everything written, and for a file, makes it durable.
+    fn close(self) -> io::Result<()> {
+        match self {
+            PcapSink::File(w) => w.into_inner().map_err(|e| e.into_error())?.sync_all(),
+            PcapSink::Stdout(mut w) => w.flush(),
+        }
+    }
+}
+
+/// `-` as a file name: standard input or output.
+fn is_dash(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
+    let pcap_to_stdout = args.write.as_deref().is_some_and(is_dash);
+    if pcap_to_stdout && io::stdout().is_terminal() {
+        bail!("-w - writes a binary pcap to standard output, which is a terminal: pipe it (`| wireshark -k -i -`, `| tcpdump -r -`) or redirect it to a file");
+    }
     // Removed again (when `output` drops) unless the capture completes.
-    let (output, pcap): (Option<OutputFile>, Option<BufWriter<File>>) = match &args.write {
+    let (output, pcap): (Option<OutputFile>, Option<PcapSink>) = match &args.write {
+        Some(_) if pcap_to_stdout => (
+            None,
+            Some(PcapSink::Stdout(BufWriter::new(io::stdout().lock()))),
+        ),
         Some(path) => {
             let (guard, file) = OutputFile::create(path)?;
-            (Some(guard), Some(BufWriter::new(file)))
+            (Some(guard), Some(PcapSink::File(BufWriter::new(file))))
         }
         None => (None, None),
     };
-    let format = match (args.json, args.quiet) {
-        (true, _) => Output::Json,
-        (_, true) => Output::Quiet,
+    let format = match (args.json, args.quiet, args.verbose) {
+        (true, _, _) => Output::Json,
+        (_, true, _) => Output::Quiet,
+        (_, _, true) => Output::Verbose,
         _ => Output::Text,
     };
     let config = ProcessorConfig {
@@ -196,13 +265,38 @@ fn main() -> Result<()> {
         classes: args.class.clone().unwrap_or_default(),
         path_mtu: args.mtu,
         output: format,
+        hex: args.hex,
         max_flows: args.max_flows,
     };
     let mut processor = Processor::new(config, pcap, args.snaplen)?;
-    let stdout = std::io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
+    // Standard output carries the pcap with -w -, so the packet lines go to standard error.
+    let mut out: Box<dyn Write> = if pcap_to_stdout {
+        Box::new(BufWriter::new(io::stderr().lock()))
+    } else {
+        Box::new(BufWriter::new(io::stdout().lock()))
+    };
 
     let (label, kernel) = match &args.read {
+        Some(path) if is_dash(path) => {
+            // SAFETY: installs an async-signal-safe handler that only stores an atomic (or
+            // calls _exit).
+            unsafe {
+                let handler: extern "C" fn(libc::c_int) = on_signal_reading_pipe;
+                libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+            }
+            // Each packet's lines are flushed as it is decoded: the pipe may be a live capture.
+            offline::replay_stream(
+                io::stdin().lock(),
+                &mut processor,
+                |l| {
+                    writeln!(out, "{l}")?;
+                    out.flush()
+                },
+                args.count,
+            )
+            .context("standard input (-r -)")?;
+            ("standard input".to_owned(), KernelCounters::default())
+        }
         Some(path) => {
             let file =
                 std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -219,12 +313,9 @@ fn main() -> Result<()> {
         writeln!(out, "{line}").context("writing output")?;
     }
     out.flush().context("writing output")?;
-    if let Some(file) = processor.finish().context("writing the pcap file")? {
-        let file = file
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .context("writing the pcap file")?;
-        file.sync_all().context("writing the pcap file")?;
+    drop(out);
+    if let Some(sink) = processor.finish().context("writing the pcap file")? {
+        sink.close().context("writing the pcap file")?;
     }
     if let Some(output) = output {
         output.keep();

@@ -16,15 +16,18 @@ use roce::follow::{
     DirectionSummary, FlowKey, FollowConfig, Follower, PsnEvent, DEFAULT_MAX_FLOWS,
 };
 use roce::pcap::{self, LinkType, PcapWriter, Resolution, Timestamp};
+use roce::sll::{ethernet_for_cooked, SllVersion};
 use roce::stats::Stats;
-use roce::{internet_checksum, render};
+use roce::{internet_checksum, render, DecodeError, Packet};
 
 /// How packets are printed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Output {
-    /// Multi-line text per packet, as the original demo printed it.
+    /// One line per packet ([`render::line`]), as tcpdump prints them.
     #[default]
     Text,
+    /// Every header on a line of its own ([`render::text`]): `rdma-capture -v`.
+    Verbose,
     /// One JSON object per line.
     Json,
     /// Nothing per packet; only the summary.
@@ -46,6 +49,9 @@ pub struct ProcessorConfig {
     pub path_mtu: Option<u32>,
     /// Per-packet output.
     pub output: Output,
+    /// With text output: follow each packet with a hex dump of its captured bytes
+    /// (`rdma-capture -x`).
+    pub hex: bool,
     /// The most PSN flows followed at once ([`FollowConfig::max_flows`]); the summary counts
     /// the ones forgotten beyond it.
     pub max_flows: usize,
@@ -58,6 +64,7 @@ impl Default for ProcessorConfig {
             classes: ClassFilter::default(),
             path_mtu: None,
             output: Output::default(),
+            hex: false,
             max_flows: DEFAULT_MAX_FLOWS,
         }
     }
@@ -174,7 +181,7 @@ impl<W: Write> Processor<W> {
         if filled {
             self.ip_checksums_filled += 1;
         }
-        let result = roce::decode_ethernet_snapped(&frame, orig_len);
+        let result = decode(record.source, &frame, orig_len);
         self.stats.record(&result, orig_len);
 
         let packet = match result {
@@ -185,15 +192,19 @@ impl<W: Write> Processor<W> {
                 if self.config.qpn.is_some() || !self.config.classes.classes().is_empty() {
                     return Ok(Vec::new());
                 }
-                self.save(ts, &frame, orig_len)?;
+                self.save(record.source, ts, &frame, orig_len)?;
                 self.shown += 1;
                 let line = match self.config.output {
                     Output::Quiet => None,
-                    Output::Text => Some(format!(
-                        "{} decode error ({} bytes): {e}",
-                        record.source.as_str(),
-                        frame.len()
-                    )),
+                    Output::Text | Output::Verbose => {
+                        let mut line = format!(
+                            "{} decode error ({} bytes): {e}",
+                            record.source.as_str(),
+                            frame.len()
+                        );
+                        self.append_hex(&mut line, &frame);
+                        Some(line)
+                    }
                     Output::Json => Some(render::json_error(&e, frame.len(), Some(ts))),
                 };
                 return Ok(line.into_iter().collect());
@@ -242,7 +253,7 @@ impl<W: Write> Processor<W> {
         let mut lines = Vec::new();
         for h in release {
             // It decoded when it was held, and its bytes have not changed since.
-            if let Ok(packet) = roce::decode_ethernet_snapped(&h.frame, h.orig_len) {
+            if let Ok(packet) = decode(h.source, &h.frame, h.orig_len) {
                 lines.extend(self.show(h.source, h.ts, &h.frame, h.orig_len, &packet, h.event)?);
             }
         }
@@ -268,16 +279,25 @@ impl<W: Write> Processor<W> {
         packet: &roce::Packet<'_>,
         event: PsnEvent,
     ) -> io::Result<Option<String>> {
-        self.save(ts, frame, orig_len)?;
+        self.save(source, ts, frame, orig_len)?;
         self.shown += 1;
         let psn_note = self.config.qpn.map(|_| event);
         Ok(match self.config.output {
             Output::Quiet => None,
             Output::Text => {
+                let mut line = format!("{} {}", source.as_str(), render::line(packet, Some(ts)));
+                if let Some(event) = psn_note {
+                    let _ = write!(line, " [PSN {}]", describe(event));
+                }
+                self.append_hex(&mut line, frame);
+                Some(line)
+            }
+            Output::Verbose => {
                 let mut line = format!("{} {}", source.as_str(), render::text(packet, Some(ts)));
                 if let Some(event) = psn_note {
                     let _ = write!(line, "\n  PSN  {}", describe(event));
                 }
+                self.append_hex(&mut line, frame);
                 Some(line)
             }
             Output::Json => {
@@ -312,7 +332,7 @@ impl<W: Write> Processor<W> {
         for record in records {
             let Ok(record) = record else { break };
             let (frame, orig_len, _) = as_ethernet(&record);
-            if let Ok(packet) = roce::decode_ethernet_snapped(&frame, orig_len) {
+            if let Ok(packet) = decode(record.source, &frame, orig_len) {
                 scout.observe(&packet);
             }
         }
@@ -357,11 +377,48 @@ impl<W: Write> Processor<W> {
         self.pcap.map(PcapWriter::into_inner).transpose()
     }
 
-    fn save(&mut self, ts: Timestamp, frame: &[u8], orig_len: usize) -> io::Result<()> {
-        match self.pcap.as_mut() {
-            Some(w) => w.write_packet(ts, frame, orig_len),
-            None => Ok(()),
+    /// With `-x`, a hex dump of the captured bytes on the lines after the packet's.
+    fn append_hex(&self, line: &mut String, frame: &[u8]) {
+        if self.config.hex && !frame.is_empty() {
+            line.push('\n');
+            line.push_str(&render::hex_dump(frame, 2));
         }
+    }
+
+    /// Writes a shown packet to the pcap file, which is always Ethernet: a cooked capture's
+    /// header becomes an Ethernet header (see [`roce::sll::ethernet_for_cooked`]).
+    fn save(
+        &mut self,
+        source: Source,
+        ts: Timestamp,
+        frame: &[u8],
+        orig_len: usize,
+    ) -> io::Result<()> {
+        let Some(w) = self.pcap.as_mut() else {
+            return Ok(());
+        };
+        let version = match source {
+            Source::FileSll => SllVersion::V1,
+            Source::FileSll2 => SllVersion::V2,
+            _ => return w.write_packet(ts, frame, orig_len),
+        };
+        match ethernet_for_cooked(frame, version) {
+            Some(eth) => {
+                let orig_len = (orig_len + 14).saturating_sub(version.header_len());
+                w.write_packet(ts, &eth, orig_len)
+            }
+            // Shorter than its cooked header: kept as it came, like any undecodable frame.
+            None => w.write_packet(ts, frame, orig_len),
+        }
+    }
+}
+
+/// Decodes a record's bytes (after [`as_ethernet`]) by what they start with.
+fn decode(source: Source, frame: &[u8], orig_len: usize) -> Result<Packet<'_>, DecodeError> {
+    match source {
+        Source::FileSll => roce::decode_sll_snapped(frame, orig_len, SllVersion::V1),
+        Source::FileSll2 => roce::decode_sll_snapped(frame, orig_len, SllVersion::V2),
+        _ => roce::decode_ethernet_snapped(frame, orig_len),
     }
 }
 

@@ -25,8 +25,15 @@ pub enum Source {
     RxeRecv,
     /// Read from an Ethernet pcap file (`-r`). Bytes start at the Ethernet header.
     File,
-    /// Read from a raw-IP pcap file (`LINKTYPE_RAW`). Bytes start at the IP header.
+    /// Read from a raw-IP pcap file (`LINKTYPE_RAW`, `LINKTYPE_IPV4`, `LINKTYPE_IPV6`). Bytes
+    /// start at the IP header.
     FileRaw,
+    /// Read from a Linux cooked capture (`LINKTYPE_LINUX_SLL`, older `tcpdump -i any`). Bytes
+    /// start at the 16-byte SLL header.
+    FileSll,
+    /// Read from a Linux cooked capture v2 (`LINKTYPE_LINUX_SLL2`, `tcpdump -i any` with
+    /// libpcap 1.10 and later). Bytes start at the 20-byte SLL2 header.
+    FileSll2,
 }
 
 impl Source {
@@ -37,7 +44,7 @@ impl Source {
             Source::Egress => "out",
             Source::RxeSend => "rxe-tx",
             Source::RxeRecv => "rxe-rx",
-            Source::File | Source::FileRaw => "file",
+            Source::File | Source::FileRaw | Source::FileSll | Source::FileSll2 => "file",
         }
     }
 
