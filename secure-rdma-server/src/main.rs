@@ -157,7 +157,7 @@ struct Opts {
     /// End sessions older than this many seconds (clients reconnect) [default: no limit]
     #[arg(long, value_name = "SECONDS")]
     max_session_lifetime: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime)
+    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, poll)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,

@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# bench.sh - secure-rdma side by side with the reference tools, in one lab VM boot.
+#
+# Builds the release secure-server and secure-client, then inside the Soft-RoCE VM
+# (scripts/softroce-vm.sh: rxe-a 10.77.0.1 serves, rxe-b 10.77.0.2 connects) runs
+# ROUNDS rounds, each of them interleaving, so that drift of the emulated machine
+# hits every tool alike:
+#   setup      cmtime -c N (rdma_cm, in-process)  vs  secure-client bench connect -n N
+#   latency    ib_send_lat / ib_write_lat -s SIZE  vs  bench send / bench write -s SIZE
+#              (half a ping-pong, both ends busy polling; ours with payload
+#              protection on and off)
+#   bandwidth  ib_write_bw -s SIZE                 vs  bench write -s SIZE (window 16)
+# for SIZE in 64 B, 4 KiB, 64 KiB and 1 MiB; then, once, bench hold -n HOLD on a
+# secure-server --max-clients HOLD (memory per session on both ends), and the start
+# time of `secure-client --help` for the dev build (42 MB, debug info) and the
+# shipped release build, next to ibv_devinfo.
+#
+# Writes under target/bench/ (or --out DIR):
+#   raw.csv     every measurement: round,tool,op,size,protection,metric,value,unit
+#   table.md    medians over the rounds, ours next to the reference, the ratios
+#   plot.svg    latency and bandwidth against size (gnuplot)
+#
+# Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--out DIR]
+#   --quick   1 round, small counts, no hold: a smoke test of the script (minutes)
+# Timings are emulated (qemu TCG): compare the rows with each other, not with
+# hardware. Needs perftest, rdmacm-utils and gnuplot (installed if missing).
+
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROUNDS=3 HOLD=1000 QUICK=0 OUT=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --hold) HOLD=$2; shift 2 ;;
+        --quick) QUICK=1; shift ;;
+        --out) OUT=$2; shift 2 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+for n in "$ROUNDS" "$HOLD"; do
+    [[ $n =~ ^[0-9]+$ ]] || { echo "bench.sh: $n is not a count" >&2; exit 2; }
+done
+[ "$ROUNDS" -ge 1 ] || { echo "bench.sh: --rounds must be at least 1" >&2; exit 2; }
+cd "$ROOT"
+OUT=${OUT:-$ROOT/target/bench}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+need=()
+command -v ib_send_lat >/dev/null || need+=(perftest)
+command -v cmtime >/dev/null || need+=(rdmacm-utils)
+command -v gnuplot >/dev/null || need+=(gnuplot-nox)
+command -v jq >/dev/null || need+=(jq)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "bench.sh: installing ${need[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
+fi
+
+echo "bench.sh: building (release, and the dev build for the --help comparison)" >&2
+cargo build --release --locked -q -p secure-rdma-server -p secure-rdma-client
+cargo build --locked -q -p secure-rdma-client
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET/release
+DEV=$TARGET/debug
+WORK=$(mktemp -d "$TARGET/bench-run.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+chmod 755 "$WORK"
+# Certificates for 10.77.0.1, a client identity "bench".
+"$BIN/secure-server" certs init --dir "$WORK/pki" --san 10.77.0.1 >/dev/null
+"$BIN/secure-server" certs client bench --dir "$WORK/pki" >/dev/null
+
+if [ "$QUICK" = 1 ]; then
+    ROUNDS=1 HOLD=0 CONNS=5
+    SIZES="64:200 65536:50"
+else
+    CONNS=20
+    SIZES="64:1000 4096:1000 65536:200 1048576:50"
+fi
+
+cat >"$WORK/inside.sh" <<'INNER'
+set -euo pipefail
+# Variables come from the environment: BIN DEV WORK ROUNDS HOLD CONNS SIZES
+RAW=$WORK/raw.csv
+echo "round,tool,op,size,protection,metric,value,unit" >"$RAW"
+row() { echo "$1,$2,$3,$4,$5,$6,$7,$8" >>"$RAW"; }
+CLIENT=("$BIN/secure-client" 10.77.0.1 --port 4800 --certs "$WORK/pki" --name bench --timeout 30)
+PORT=18600
+
+# Waits until something listens on TCP port $1 (a server started in the background).
+listening() {
+    for _ in $(seq 300); do
+        ss -Hltn "sport = :$1" | grep -q . && return 0
+        sleep 0.1
+    done
+    echo "bench: nothing listens on port $1" >&2
+    return 1
+}
+
+# One perftest run: server on rxe-a, client on rxe-b; prints the client's result row.
+perftest() { # tool size iters
+    PORT=$((PORT + 1))
+    timeout 300 "$1" -d rxe-a -x 1 -F -p $PORT -s "$2" -n "$3" >"$WORK/pt.srv" 2>&1 &
+    local srv=$!
+    listening $PORT
+    timeout 300 "$1" -d rxe-b -x 1 -F -p $PORT -s "$2" -n "$3" 10.77.0.1 >"$WORK/pt.cli" 2>&1 || {
+        cat "$WORK/pt.cli" "$WORK/pt.srv" >&2; return 1; }
+    wait $srv || true
+    awk -v s="$2" '$1 == s && NF >= 5 { print; exit }' "$WORK/pt.cli"
+}
+
+# cmtime -c N: the sum of its per-connection step averages (us).
+cmtime_total() {
+    PORT=$((PORT + 1))
+    timeout 120 cmtime -b 10.77.0.1 -p $PORT -c "$CONNS" >"$WORK/cm.srv" 2>&1 &
+    local srv=$!
+    # rdma_cm listens on no TCP port: wait for its listening cm_id instead.
+    for _ in $(seq 100); do
+        rdma resource show cm_id 2>/dev/null | grep -q "LISTEN.*src-port $PORT" && break
+        sleep 0.1
+    done
+    timeout 120 cmtime -s 10.77.0.1 -p $PORT -c "$CONNS" >"$WORK/cm.cli" 2>&1 || {
+        cat "$WORK/cm.cli" >&2; kill $srv 2>/dev/null; return 1; }
+    kill $srv 2>/dev/null; wait $srv 2>/dev/null || true
+    awk -F: '/^(create id|resolve addr|resolve route|create qp|connect) *:/ { split($2, f, " "); t += f[4] } END { print t }' "$WORK/cm.cli"
+}
+
+# The data-path server: buffers up to 1 MiB, busy polling like perftest.
+"$BIN/secure-server" --listen 10.77.0.1:4800 --certs "$WORK/pki" --max-clients 16 \
+    --buffer-size 1048576 --allow-unprotected --poll busy >"$WORK/server.log" 2>&1 &
+SERVER=$!
+# The connection server: the defaults (4 KiB buffers, event-driven), room for HOLD sessions.
+ulimit -n 65536
+MAX=$(( HOLD > 16 ? HOLD : 16 ))
+"$BIN/secure-server" --listen 10.77.0.1:4801 --certs "$WORK/pki" --max-clients "$MAX" \
+    --max-pending 64 --max-pending-per-address 16 >"$WORK/hold-server.log" 2>&1 &
+HS=$!
+listening 4800
+listening 4801
+# Warm the neighbour tables (the first rdma_cm address resolution waits for ARP).
+cmtime_total >/dev/null || true
+
+for r in $(seq "$ROUNDS"); do
+    echo "bench: round $r/$ROUNDS" >&2
+    total=$(cmtime_total)
+    row "$r" cmtime connect 0 none per_connection_us "$total" us
+    j=$("${CLIENT[@]/4800/4801}" bench connect -n "$CONNS" --json)
+    row "$r" secure-rdma connect 0 protected per_connection_us "$(jq .per_connection_us.mean <<<"$j")" us
+    for phase in tcp_tls admission rdma_setup confirmation; do
+        row "$r" secure-rdma "connect:$phase" 0 protected per_connection_us "$(jq ".phases_us.$phase.mean" <<<"$j")" us
+    done
+    for si in $SIZES; do
+        size=${si%%:*} iters=${si##*:}
+        line=$(perftest ib_send_lat "$size" "$iters"); set -- $line
+        row "$r" ib_send_lat send "$size" none latency_typical_us "$5" us
+        row "$r" ib_send_lat send "$size" none latency_avg_us "$6" us
+        line=$(perftest ib_write_lat "$size" "$iters"); set -- $line
+        row "$r" ib_write_lat write "$size" none latency_typical_us "$5" us
+        row "$r" ib_write_lat write "$size" none latency_avg_us "$6" us
+        line=$(perftest ib_write_bw "$size" "$iters"); set -- $line
+        row "$r" ib_write_bw write "$size" none bandwidth_mib_s "$4" MiB/s
+        for prot in protected none; do
+            flag=()
+            [ $prot = none ] && flag=(--no-payload-protection)
+            for op in send write; do
+                j=$("${CLIENT[@]}" "${flag[@]}" bench $op -s "$size" -n "$iters" --poll busy --json)
+                row "$r" secure-rdma $op "$size" $prot latency_p50_us "$(jq .latency_us.p50 <<<"$j")" us
+                row "$r" secure-rdma $op "$size" $prot latency_avg_us "$(jq .latency_us.mean <<<"$j")" us
+                # perftest's MB is 2^20 bytes; ours is reported in 10^6.
+                row "$r" secure-rdma $op "$size" $prot bandwidth_mib_s "$(jq '.bandwidth_mb_s * 1000000 / 1048576' <<<"$j")" MiB/s
+            done
+        done
+    done
+    # Start time of a whole process, as a user sees it.
+    for b in "$DEV/secure-client" "$BIN/secure-client" ibv_devinfo; do
+        t0=$(date +%s%N)
+        case $b in
+            ibv_devinfo) ibv_devinfo >/dev/null ;;
+            *) "$b" --help >/dev/null ;;
+        esac
+        t1=$(date +%s%N)
+        case $b in
+            "$DEV"/*) name=secure-client-dev ;;
+            "$BIN"/*) name=secure-client-release ;;
+            *) name=ibv_devinfo ;;
+        esac
+        row "$r" "$name" start 0 none ms "$(( (t1 - t0) / 1000000 ))" ms
+    done
+done
+kill -INT $SERVER; wait $SERVER || true
+
+if [ "$HOLD" -gt 0 ]; then
+    echo "bench: holding $HOLD sessions" >&2
+    rss() { awk '/^VmRSS:/ { print $2 }' /proc/$1/status; }
+    idle=$(rss $HS)
+    "${CLIENT[@]/4800/4801}" bench hold -n "$HOLD" -c 16 --hold 20 --json >"$WORK/hold.json" &
+    HC=$!
+    # The server's memory while all sessions are held: the peak over the hold.
+    peak=$idle
+    while kill -0 $HC 2>/dev/null; do
+        now=$(rss $HS); [ "$now" -gt "$peak" ] && peak=$now
+        sleep 0.5
+    done
+    wait $HC
+    j=$(cat "$WORK/hold.json")
+    row 1 secure-rdma hold "$HOLD" protected established "$(jq .established <<<"$j")" sessions
+    row 1 secure-rdma hold "$HOLD" protected setup_ms "$(jq .setup_ms <<<"$j")" ms
+    row 1 secure-rdma hold "$HOLD" protected client_rss_per_session_kib "$(jq .rss_per_session_kib <<<"$j")" KiB
+    est=$(jq .established <<<"$j")
+    [ "$est" -gt 0 ] && row 1 secure-rdma hold "$HOLD" protected server_rss_per_session_kib \
+        "$(( (peak - idle) / est ))" KiB
+fi
+kill -INT $HS; wait $HS || true
+INNER
+
+echo "bench.sh: $ROUNDS round(s) in the VM" >&2
+BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD CONNS=$CONNS SIZES=$SIZES \
+    bash "$ROOT/scripts/softroce-vm.sh" \
+    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD CONNS=$CONNS SIZES='$SIZES' bash $WORK/inside.sh"
+cp "$WORK/raw.csv" "$OUT/raw.csv"
+python3 "$ROOT/scripts/bench-report.py" "$OUT/raw.csv" "$OUT"
+echo "bench.sh: $OUT/raw.csv, $OUT/table.md, $OUT/plot.svg" >&2
