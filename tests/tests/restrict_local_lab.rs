@@ -58,9 +58,28 @@ fn nobody() -> (u32, u32) {
     unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
 }
 
+/// The helper where an unprivileged user can run it: target/ may sit under a directory only
+/// root can enter (a clone in `mktemp -d`, mode 0700), so it is copied into a fresh directory
+/// anyone can traverse, once per test run.
+fn forge_binary() -> &'static std::path::Path {
+    use std::os::unix::fs::PermissionsExt;
+    static COPY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("udp-forge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a directory for udp-forge");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+            .expect("make it traversable");
+        let exe = dir.join("udp-forge");
+        std::fs::copy(FORGE, &exe).expect("copy udp-forge");
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755))
+            .expect("make udp-forge executable by anyone");
+        exe
+    })
+}
+
 /// Sends the forged datagram as `user` (or root); the helper's JSON line.
 fn forge(user: Option<(u32, u32)>, qpn: u32, psn: u32) -> Value {
-    let mut cmd = Command::new(FORGE);
+    let mut cmd = Command::new(forge_binary());
     cmd.args(["--qpn", &qpn.to_string(), "--psn", &psn.to_string()]);
     if let Some((uid, gid)) = user {
         cmd.uid(uid).gid(gid);
