@@ -28,7 +28,7 @@ use rdma_quota::{LimitSetting, QuotaConfig, Quotas, Verb};
 /// tickets (live resources) per connection, uid and tenant; a connection
 /// holding no ticket is closed when idle or when a new program needs room.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, name = "rdma-collector", after_help = EXIT_CODES)]
 struct Args {
     /// Unix socket to listen on (mode 0666; its directory is created 0755).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
@@ -64,7 +64,18 @@ struct Args {
     /// (the interceptor reconnects when it next asks).
     #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_seconds)]
     idle_timeout: Duration,
+    /// Log format on stderr (RUST_LOG sets the level, default info).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
 }
+
+/// What `rdma-collector --help` says about how it exits.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  stopped by SIGINT/SIGTERM, with the final counts logged
+  1  any failure, the reason on stderr as `rdma-collector: error: ...` (a quota file that does
+     not parse, the socket cannot be created or is held by a running collector, ...)
+  2  usage: an unknown flag or a bad value (clap's error)";
 
 fn parse_at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -100,8 +111,9 @@ fn raise_fd_limit() {
 }
 
 fn main() {
-    logging::init(LogFormat::Text, "info");
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    logging::init(args.log_format, "info");
+    if let Err(e) = run(args) {
         eprintln!("rdma-collector: error: {e:#}");
         std::process::exit(1);
     }

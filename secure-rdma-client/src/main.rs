@@ -478,7 +478,13 @@ mod tests {
         };
         assert_eq!(
             (a.size, a.iters, a.window, a.poll, a.acks),
-            (64, 1000, 16, secure_rdma::verbs::Poll::Event, bench::Acks::Rdma)
+            (
+                64,
+                1000,
+                16,
+                secure_rdma::verbs::Poll::Event,
+                bench::Acks::Rdma
+            )
         );
         assert!(
             Cli::try_parse_from(["secure-client", "h", "bench", "send", "--poll", "spin"]).is_err()
@@ -497,9 +503,11 @@ mod tests {
         assert!(check(&["c", "h", "bench", "write", "--window", "17"])
             .unwrap_err()
             .contains("unacknowledged"));
-        assert!(check(&["c", "h", "bench", "write", "--acks", "tls", "--window", "2"])
-            .unwrap_err()
-            .contains("--window 1"));
+        assert!(
+            check(&["c", "h", "bench", "write", "--acks", "tls", "--window", "2"])
+                .unwrap_err()
+                .contains("--window 1")
+        );
         assert!(check(&["c", "h", "bench", "send", "--acks", "tls", "--window", "1"]).is_ok());
         assert!(check(&["c", "h", "bench", "connect", "-n", "0"]).is_err());
         assert!(check(&["c", "h", "bench", "hold", "-c", "0"]).is_err());

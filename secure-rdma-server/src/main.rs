@@ -179,13 +179,11 @@ fn cipher_from_toml<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<Option<CipherChoice>, D::Error> {
     let s = String::deserialize(d)?;
-    CipherChoice::from_str(&s, false)
-        .map(Some)
-        .map_err(|_| {
-            serde::de::Error::custom(format!(
-                "unknown cipher {s:?}: auto, aes-256-gcm or chacha20-poly1305"
-            ))
-        })
+    CipherChoice::from_str(&s, false).map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "unknown cipher {s:?}: auto, aes-256-gcm or chacha20-poly1305"
+        ))
+    })
 }
 
 /// The payload-protection policy the flags (then the file) ask for.

@@ -21,8 +21,8 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use crate::handshake::{
-    AbortReason, Ack, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason,
-    RDMA_ACKS, VERSION,
+    AbortReason, Ack, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, RDMA_ACKS,
+    VERSION,
 };
 use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};

@@ -37,7 +37,7 @@ use tokio::sync::watch;
 /// Needs root (or CAP_BPF and CAP_PERFMON), a kernel with BPF, BTF and
 /// kprobes. Ctrl-C stops it with a final summary.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, name = "rdma-monitor", after_help = EXIT_CODES)]
 struct Args {
     /// Seconds between reports.
     #[arg(short, long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
@@ -75,7 +75,19 @@ struct Args {
     /// Read port hardware counters below DIR (laid out like /sys/class/infiniband).
     #[arg(long, value_name = "DIR", default_value = hw_counters::SYSFS_ROOT)]
     hw_counters_root: PathBuf,
+    /// Log format on stderr (RUST_LOG sets the level, default info).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
 }
+
+/// What `rdma-monitor --help` says about how it exits.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  stopped by Ctrl-C/SIGTERM or after --count reports, with the final summary printed
+  1  any failure, the reason on stderr as `rdma-monitor: error: ...` (eBPF cannot load or attach:
+     run as root or with CAP_BPF and CAP_PERFMON, or use --no-ebpf; a threshold file that does
+     not parse; --metrics or --collector address in use; stopped before the first --count report)
+  2  usage: an unknown flag or a bad value (clap's error)";
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
     let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
@@ -86,8 +98,8 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 }
 
 fn main() {
-    logging::init(LogFormat::Text, "info");
     let args = Args::parse();
+    logging::init(args.log_format, "info");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
