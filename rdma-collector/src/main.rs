@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
 use rdma_collector::{Collector, ConnectionBounds};
@@ -42,7 +43,8 @@ struct Args {
     /// What a tenant is: the user name of the program's uid, or its whole
     /// cgroup v2 path, which the quota file names as such
     /// (`tenant /lab.slice/job.scope QP_COUNT 4`).
-    #[arg(long, value_name = "user|cgroup", default_value_t = TenantBy::User)]
+    #[arg(long, value_name = "KIND", default_value_t = TenantBy::User,
+          value_parser = PossibleValuesParser::new(["user", "cgroup"]).map(tenant_by))]
     tenant_by: TenantBy,
     /// Open connections in all (lowered to the descriptor limit less 64).
     #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().max_connections,
@@ -107,6 +109,15 @@ fn raise_fd_limit() {
             limit.rlim_cur = limit.rlim_max;
             let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
+    }
+}
+
+/// `--tenant-by`: the parser lets only the listed values through (and lists them in --help,
+/// which a fallible conversion would hide).
+fn tenant_by(kind: String) -> TenantBy {
+    match kind.as_str() {
+        "cgroup" => TenantBy::Cgroup,
+        _ => TenantBy::User,
     }
 }
 

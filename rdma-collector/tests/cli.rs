@@ -36,6 +36,13 @@ fn version_help_and_errors_follow_the_family_conventions() {
         "{}",
         stderr(&out)
     );
+    let out = rdma_collector(&["--tenant-by", "uid"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("[possible values: user, cgroup]"),
+        "{}",
+        stderr(&out)
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let out = rdma_collector(&[
         "--log-format",

@@ -254,6 +254,13 @@ fn version_help_and_errors_follow_the_family_conventions() {
         "{}",
         stderr(&out)
     );
+    let out = rdma_monitor(&["--tenant-by", "uid"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("[possible values: user, cgroup]"),
+        "{}",
+        stderr(&out)
+    );
     // Any failure after parsing: one line, exit 1.
     let out = rdma_monitor(&["--no-ebpf", "-c", "/nonexistent/quota.conf"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

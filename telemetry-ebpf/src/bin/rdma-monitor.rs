@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
 use rdma_collector::Collector;
@@ -58,7 +59,8 @@ struct Args {
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = DEFAULT_SOCKET)]
     collector: Option<PathBuf>,
     /// What a collector tenant is: the program's user name or its whole cgroup v2 path.
-    #[arg(long, value_name = "user|cgroup", default_value_t = TenantBy::User)]
+    #[arg(long, value_name = "KIND", default_value_t = TenantBy::User,
+          value_parser = PossibleValuesParser::new(["user", "cgroup"]).map(tenant_by))]
     tenant_by: TenantBy,
     /// Also print every call as it happens (pid, comm, cgroup, verb, device, result, latency).
     #[arg(long)]
@@ -95,6 +97,15 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err(format!("{s} is out of range (0.05 to 86400 seconds)"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// `--tenant-by`: the parser lets only the listed values through (and lists them in --help,
+/// which a fallible conversion would hide).
+fn tenant_by(kind: String) -> TenantBy {
+    match kind.as_str() {
+        "cgroup" => TenantBy::Cgroup,
+        _ => TenantBy::User,
+    }
 }
 
 fn main() {
