@@ -6,7 +6,11 @@
 //!
 //! Modules:
 //! - [`logging`]: `--log-format text|json` and the one place a subscriber is installed.
+//! - `choices` (feature `secure-rdma`): `--poll busy|event` and `--cipher
+//!   auto|aes-256-gcm|chacha20-poly1305`, as enums whose values `--help` lists.
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "secure-rdma")]
+pub mod choices;
 pub mod logging;

@@ -1,6 +1,24 @@
 //! Log setup for the binaries: `tracing` to stderr, as text or JSON lines.
 
-/// Log line format (`--log-format`).
+/// Log line format: `--log-format text|json` on every long-running tool.
+///
+/// The one parser of it is clap's [`ValueEnum`](clap::ValueEnum): `--help` lists the values
+/// and a bad one is clap's usage error (exit 2), the same in every tool.
+///
+/// ```
+/// use clap::Parser;
+/// use rdma_cli::logging::LogFormat;
+///
+/// #[derive(Parser)]
+/// struct Cli {
+///     /// Log format on stderr
+///     #[arg(long, value_enum, default_value_t)]
+///     log_format: LogFormat,
+/// }
+/// let cli = Cli::try_parse_from(["tool", "--log-format", "json"]).unwrap();
+/// assert_eq!(cli.log_format, LogFormat::Json);
+/// assert!(Cli::try_parse_from(["tool", "--log-format", "xml"]).is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines (colored on a terminal).
@@ -8,17 +26,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line, for log shippers and tests.
     Json,
-}
-
-impl std::str::FromStr for LogFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            other => Err(format!("unknown log format {other:?} (text or json)")),
-        }
-    }
 }
 
 /// Installs the process-wide subscriber, writing to stderr. `RUST_LOG` overrides
@@ -54,12 +61,18 @@ pub fn init(format: LogFormat, default_filter: &str) {
 #[cfg(test)]
 mod tests {
     use super::LogFormat;
+    use clap::ValueEnum;
 
     #[test]
     fn formats_parse_and_name_the_choices() {
-        assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
-        assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
-        let err = "xml".parse::<LogFormat>().unwrap_err();
-        assert!(err.contains("text or json"), "{err}");
+        assert_eq!(LogFormat::from_str("json", false), Ok(LogFormat::Json));
+        assert_eq!(LogFormat::from_str("text", false), Ok(LogFormat::Text));
+        assert!(LogFormat::from_str("xml", false).is_err());
+        let names: Vec<String> = LogFormat::value_variants()
+            .iter()
+            .filter_map(|v| v.to_possible_value())
+            .map(|p| p.get_name().to_owned())
+            .collect();
+        assert_eq!(names, ["text", "json"]);
     }
 }

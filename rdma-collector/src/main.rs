@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
 use rdma_collector::{Collector, ConnectionBounds};
@@ -28,7 +29,7 @@ use rdma_quota::{LimitSetting, QuotaConfig, Quotas, Verb};
 /// tickets (live resources) per connection, uid and tenant; a connection
 /// holding no ticket is closed when idle or when a new program needs room.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, name = "rdma-collector", after_help = EXIT_CODES)]
 struct Args {
     /// Unix socket to listen on (mode 0666; its directory is created 0755).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
@@ -42,7 +43,8 @@ struct Args {
     /// What a tenant is: the user name of the program's uid, or its whole
     /// cgroup v2 path, which the quota file names as such
     /// (`tenant /lab.slice/job.scope QP_COUNT 4`).
-    #[arg(long, value_name = "user|cgroup", default_value_t = TenantBy::User)]
+    #[arg(long, value_name = "KIND", default_value_t = TenantBy::User,
+          value_parser = PossibleValuesParser::new(["user", "cgroup"]).map(tenant_by))]
     tenant_by: TenantBy,
     /// Open connections in all (lowered to the descriptor limit less 64).
     #[arg(long, value_name = "N", default_value_t = ConnectionBounds::default().max_connections,
@@ -64,7 +66,18 @@ struct Args {
     /// (the interceptor reconnects when it next asks).
     #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_seconds)]
     idle_timeout: Duration,
+    /// Log format on stderr (RUST_LOG sets the level, default info).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
 }
+
+/// What `rdma-collector --help` says about how it exits.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  stopped by SIGINT/SIGTERM, with the final counts logged
+  1  any failure, the reason on stderr as `rdma-collector: error: ...` (a quota file that does
+     not parse, the socket cannot be created or is held by a running collector, ...)
+  2  usage: an unknown flag or a bad value (clap's error)";
 
 fn parse_at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -99,9 +112,19 @@ fn raise_fd_limit() {
     }
 }
 
+/// `--tenant-by`: the parser lets only the listed values through (and lists them in --help,
+/// which a fallible conversion would hide).
+fn tenant_by(kind: String) -> TenantBy {
+    match kind.as_str() {
+        "cgroup" => TenantBy::Cgroup,
+        _ => TenantBy::User,
+    }
+}
+
 fn main() {
-    logging::init(LogFormat::Text, "info");
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    logging::init(args.log_format, "info");
+    if let Err(e) = run(args) {
         eprintln!("rdma-collector: error: {e:#}");
         std::process::exit(1);
     }

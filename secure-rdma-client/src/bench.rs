@@ -17,8 +17,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{EnumValueParser, TypedValueParser};
 use clap::{Args, Subcommand};
 use futures_util::stream::{self, StreamExt};
+use rdma_cli::choices::PollMode;
 use secure_rdma::client::{Client, Connector, Phases};
 use secure_rdma::handshake::Op;
 use secure_rdma::verbs::Poll;
@@ -102,8 +104,9 @@ pub struct DataArgs {
     /// Operations unacknowledged at once in the bandwidth run (at most 16; 1 with --acks tls)
     #[arg(long, value_name = "W", default_value_t = MAX_WINDOW)]
     pub window: usize,
-    /// How RDMA completions are awaited: busy (poll in a loop) or event (completion channel)
-    #[arg(long, value_name = "MODE", default_value = "event", value_parser = parse_poll)]
+    /// How RDMA completions are awaited
+    #[arg(long, value_name = "MODE", default_value = "event",
+          value_parser = EnumValueParser::<PollMode>::new().map(Poll::from))]
     pub poll: Poll,
     /// How the server acknowledges each operation
     #[arg(long, value_enum, default_value_t = Acks::Rdma)]
@@ -115,10 +118,6 @@ impl Bench {
     pub fn rdma_acks(&self) -> bool {
         matches!(self, Bench::Send(a) | Bench::Write(a) if a.acks == Acks::Rdma)
     }
-}
-
-fn parse_poll(s: &str) -> Result<Poll, String> {
-    s.parse()
 }
 
 /// p50, p99 and mean of a set of samples, in microseconds.

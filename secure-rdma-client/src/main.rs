@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use rdma_cli::choices::CipherChoice;
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::client::{
     connect_with_retry, Backoff, Client, ClientConfig, ClientError, Connector,
 };
-use secure_rdma::protect::Cipher;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Secure RDMA client.
@@ -39,11 +39,13 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 /// exponential backoff and jitter and resends the command that was cut off.
 ///
 /// Exit codes: 0 ok, 1 bad command or other error, 2 usage, 3 rejected by the
-/// server (e.g. server full), 4 TLS refused (certificate or server name),
+/// server (e.g. server full; or the server has no RDMA device, with the fix it
+/// names), 4 TLS refused (certificate or server name),
 /// 5 server unreachable, 6 no usable RDMA device or GID, 7 RDMA connection
 /// not confirmed (PSN/GID mismatch), 8 protocol or RDMA error (or the session
 /// was lost and could not be re-established), 9 the server's offer is below
 /// this client's policy (no payload protection, buffers too large).
+/// `bench`: 0 report printed, 1 the benchmark failed, 2 usage.
 #[derive(Debug, Parser)]
 #[command(version, name = "secure-client", verbatim_doc_comment)]
 struct Cli {
@@ -81,13 +83,12 @@ struct Cli {
     /// Seconds to wait for each step (connect, completions, acknowledgements)
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     timeout: u64,
-    /// Log format on stderr: text or json (RUST_LOG sets the level, default warn)
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    log_format: String,
-    /// Payload cipher to accept: auto (either, fastest on this CPU first), aes-256-gcm or
-    /// chacha20-poly1305
-    #[arg(long, value_name = "CIPHER", default_value = "auto", value_parser = parse_ciphers)]
-    cipher: Ciphers,
+    /// Log format on stderr (RUST_LOG sets the level, default warn)
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
+    /// Payload cipher to accept
+    #[arg(long, value_name = "CIPHER", value_enum, default_value_t)]
+    cipher: CipherChoice,
     /// Payloads in clear, no AEAD (the server must allow it): to measure what protection costs
     /// and to show the forgery it stops. An on-path attacker can then forge, replay and read
     #[arg(long, conflicts_with = "cipher")]
@@ -122,21 +123,6 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// The ciphers `--cipher` accepts, preferred first.
-#[derive(Debug, Clone)]
-struct Ciphers(Vec<Cipher>);
-
-/// `--cipher`: `auto` accepts both, fastest first; a name accepts only that one.
-fn parse_ciphers(s: &str) -> Result<Ciphers, String> {
-    match s {
-        "auto" => Ok(Ciphers(Cipher::preference().to_vec())),
-        other => other
-            .parse::<Cipher>()
-            .map(|c| Ciphers(vec![c]))
-            .map_err(|e| format!("{e}, or auto")),
-    }
-}
-
 #[derive(Debug)]
 enum Cmd<'a> {
     Send(&'a str),
@@ -167,14 +153,7 @@ fn parse(line: &str) -> Result<Option<Cmd<'_>>, String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
-    let format = match cli.log_format.parse::<LogFormat>() {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("secure-client: error: {e}");
-            std::process::exit(2);
-        }
-    };
-    logging::init(format, "warn");
+    logging::init(cli.log_format, "warn");
     std::process::exit(run(cli).await);
 }
 
@@ -203,7 +182,7 @@ async fn run(cli: Cli) -> i32 {
         ciphers: if cli.no_payload_protection {
             Vec::new()
         } else {
-            cli.cipher.0.clone()
+            cli.cipher.ciphers()
         },
         max_buffer_size: cli.max_buffer_size,
         allow_gid_mismatch: cli.allow_gid_mismatch,
@@ -499,7 +478,13 @@ mod tests {
         };
         assert_eq!(
             (a.size, a.iters, a.window, a.poll, a.acks),
-            (64, 1000, 16, secure_rdma::verbs::Poll::Event, bench::Acks::Rdma)
+            (
+                64,
+                1000,
+                16,
+                secure_rdma::verbs::Poll::Event,
+                bench::Acks::Rdma
+            )
         );
         assert!(
             Cli::try_parse_from(["secure-client", "h", "bench", "send", "--poll", "spin"]).is_err()
@@ -518,9 +503,11 @@ mod tests {
         assert!(check(&["c", "h", "bench", "write", "--window", "17"])
             .unwrap_err()
             .contains("unacknowledged"));
-        assert!(check(&["c", "h", "bench", "write", "--acks", "tls", "--window", "2"])
-            .unwrap_err()
-            .contains("--window 1"));
+        assert!(
+            check(&["c", "h", "bench", "write", "--acks", "tls", "--window", "2"])
+                .unwrap_err()
+                .contains("--window 1")
+        );
         assert!(check(&["c", "h", "bench", "send", "--acks", "tls", "--window", "1"]).is_ok());
         assert!(check(&["c", "h", "bench", "connect", "-n", "0"]).is_err());
         assert!(check(&["c", "h", "bench", "hold", "-c", "0"]).is_err());

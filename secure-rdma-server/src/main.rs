@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::builder::{EnumValueParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use rdma_cli::choices::{CipherChoice, PollMode};
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
-use secure_rdma::protect::Cipher;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{AuthFailures, Limits, ProtectionPolicy, Server, ServerConfig};
 use secure_rdma::verbs::Poll;
@@ -53,18 +54,27 @@ mod telemetry {
 /// Settings come from flags, then the --config file, then defaults.
 /// SIGINT/SIGTERM stop accepting, close every client, free everything and
 /// exit 0.
-fn parse_poll(s: &str) -> Result<Poll, String> {
-    s.parse()
-}
-
+///
+/// At start the server checks for RDMA devices; with none it still serves
+/// (clients are told why they cannot be served) and logs a warning naming
+/// the fix: load the kernel's RDMA support, or create a Soft-RoCE device
+/// (scripts/setup-softroce.sh).
 #[derive(Debug, Parser)]
-#[command(version, name = "secure-server")]
+#[command(version, name = "secure-server", after_help = EXIT_CODES)]
 struct Cli {
     #[command(flatten)]
     opts: Opts,
     #[command(subcommand)]
     command: Option<Command>,
 }
+
+/// What `secure-server --help` says about how it exits.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  stopped by SIGINT/SIGTERM after closing every client, or a `certs` command succeeded
+  1  could not start or a `certs` command failed (missing certificates, bad --config or quota
+     file, address in use, --device not found, ...); the reason is printed on stderr
+  2  usage: an unknown flag or a bad value (clap's error)";
 
 #[derive(Debug, Args, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -111,10 +121,8 @@ struct Opts {
     /// Serve Prometheus metrics at http://ADDR/metrics (implies --telemetry)
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<SocketAddr>,
-    /// Payload cipher: auto (AES-256-GCM where the CPU has AES instructions, else
-    /// ChaCha20-Poly1305; either one a client offers), aes-256-gcm or chacha20-poly1305
-    /// [default: auto]
-    #[arg(long, value_name = "CIPHER", value_parser = parse_cipher)]
+    /// Payload cipher; auto also serves a client that offers only the other one [default: auto]
+    #[arg(long, value_name = "CIPHER", value_enum)]
     #[serde(default, deserialize_with = "cipher_from_toml")]
     cipher: Option<CipherChoice>,
     /// Payloads in clear, no AEAD: to measure what protection costs and to show the forgery it
@@ -131,10 +139,9 @@ struct Opts {
     #[arg(long)]
     #[serde(default)]
     allow_gid_mismatch: bool,
-    /// How sessions wait for RDMA completions: event (completion channel, no CPU while idle) or
-    /// busy (poll in a loop: the lowest latency, a core per active session; for dedicated hosts
-    /// and benchmarks) [default: event]
-    #[arg(long, value_name = "MODE", value_parser = parse_poll)]
+    /// How sessions wait for RDMA completions; busy costs a core per active session (for
+    /// dedicated hosts and benchmarks) [default: event]
+    #[arg(long, value_name = "MODE", value_parser = EnumValueParser::<PollMode>::new().map(Poll::from))]
     #[serde(default)]
     poll: Option<Poll>,
     /// Connections in TLS handshake or admission at once; more are closed at accept [default: 64]
@@ -157,38 +164,26 @@ struct Opts {
     /// End sessions older than this many seconds (clients reconnect) [default: no limit]
     #[arg(long, value_name = "SECONDS")]
     max_session_lifetime: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, poll)
+    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
-    /// Log format: text or json (RUST_LOG sets the level, default info)
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    /// Log format on stderr (RUST_LOG sets the level, default info)
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
     #[serde(skip)]
-    log_format: LogFormatArg,
+    log_format: LogFormat,
 }
 
-/// `--cipher`: one cipher, or whatever suits this CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CipherChoice {
-    Auto,
-    Only(Cipher),
-}
-
-fn parse_cipher(s: &str) -> Result<CipherChoice, String> {
-    match s {
-        "auto" => Ok(CipherChoice::Auto),
-        other => other
-            .parse()
-            .map(CipherChoice::Only)
-            .map_err(|e: secure_rdma::protect::UnknownCipher| format!("{e}, or auto")),
-    }
-}
-
+/// `cipher = "..."` in the --config file: the same spellings as `--cipher`.
 fn cipher_from_toml<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<Option<CipherChoice>, D::Error> {
     let s = String::deserialize(d)?;
-    parse_cipher(&s).map(Some).map_err(serde::de::Error::custom)
+    CipherChoice::from_str(&s, false).map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "unknown cipher {s:?}: auto, aes-256-gcm or chacha20-poly1305"
+        ))
+    })
 }
 
 /// The payload-protection policy the flags (then the file) ask for.
@@ -196,23 +191,10 @@ fn protection_policy(flags: &Opts, file: &Opts) -> ProtectionPolicy {
     if flags.no_payload_protection || file.no_payload_protection {
         return ProtectionPolicy::off();
     }
-    let ciphers = match flags.cipher.or(file.cipher).unwrap_or(CipherChoice::Auto) {
-        CipherChoice::Auto => Cipher::preference().to_vec(),
-        CipherChoice::Only(c) => vec![c],
-    };
+    let ciphers = flags.cipher.or(file.cipher).unwrap_or_default().ciphers();
     ProtectionPolicy {
         ciphers,
         allow_unprotected: flags.allow_unprotected || file.allow_unprotected,
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct LogFormatArg(LogFormat);
-
-impl std::str::FromStr for LogFormatArg {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        s.parse().map(LogFormatArg)
     }
 }
 
@@ -338,7 +320,7 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    logging::init(cli.opts.log_format.0, "info");
+    logging::init(cli.opts.log_format, "info");
     let result = match cli.command {
         Some(Command::Certs(cmd)) => certs_command(cmd),
         None => serve(cli.opts).await,

@@ -19,8 +19,8 @@ use crate::handshake::{
     AbortReason, Channel, HandshakeError, Kind, Message, Op, RejectReason, Verdict, CAPABILITIES,
     RDMA_ACKS, VERSION,
 };
-use crate::session::Arrival;
 use crate::protect::Cipher;
+use crate::session::Arrival;
 use crate::session::{Secrets, Session, SessionConfig, SessionError, Tokens};
 use crate::tls::{self, Side};
 use crate::verbs::{Device, GidSelector, VerbsError};
@@ -513,7 +513,9 @@ impl Connector {
                     field: "rdma_window",
                     reason: match cfg.rdma_acks {
                         true => format!("{w} is outside 1..={MAX_RDMA_WINDOW}"),
-                        false => "offered, but this client did not ask for RDMA acknowledgements".into(),
+                        false => {
+                            "offered, but this client did not ask for RDMA acknowledgements".into()
+                        }
                     },
                 }))
             }

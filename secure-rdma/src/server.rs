@@ -21,8 +21,8 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use crate::handshake::{
-    AbortReason, Ack, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason,
-    RDMA_ACKS, VERSION,
+    AbortReason, Ack, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, RDMA_ACKS,
+    VERSION,
 };
 use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
@@ -31,7 +31,7 @@ use crate::session::{
     Arrival, Secrets, Session, SessionAdmission, SessionConfig, SessionError, Tokens,
 };
 use crate::tls::{self, Side};
-use crate::verbs::{Device, GidEntry, GidSelector, Poll, VerbsError};
+use crate::verbs::{Availability, Device, GidEntry, GidSelector, Poll, VerbsError};
 
 /// Server settings (the `secure-server` flags).
 #[derive(Debug, Clone)]
@@ -237,6 +237,15 @@ pub enum ServerError {
     /// The configured device cannot be used.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// The configuration names a device (`--device`, `--gid-index`) and this host has no RDMA
+    /// device at all.
+    #[error("{flag} needs an RDMA device, and {availability}")]
+    NoRdma {
+        /// The setting that needs a device.
+        flag: String,
+        /// What the host lacks, with the fix.
+        availability: Availability,
+    },
     /// Invalid settings.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -368,7 +377,22 @@ impl Server {
             &config.key,
             crl.filter(|_| crl_stamp.is_some()),
         )?;
+        // Checked once at start: a host without RDMA still serves (each client is told why it
+        // cannot be served, with the fix), and the operator reads the fix now, not in the first
+        // client's failure. A device named in the configuration is opened now, so without RDMA
+        // that is an error naming the same fix.
+        let availability = Device::availability();
+        let no_rdma = |flag: String| ServerError::NoRdma {
+            flag,
+            availability: availability.clone(),
+        };
         let fixed = match &config.device {
+            Some(name) if !availability.is_available() => {
+                return Err(no_rdma(format!("--device {name}")))
+            }
+            None if config.gid_index.is_some() && !availability.is_available() => {
+                return Err(no_rdma("--gid-index".to_owned()))
+            }
             Some(name) => Some(Device::open(Some(name))?),
             None if config.gid_index.is_some() => Some(Device::open(None)?),
             None => None,
@@ -389,6 +413,12 @@ impl Server {
             return Err(ServerError::Config(
                 "--max-sessions-per-identity must be at least 1".into(),
             ));
+        }
+        if !availability.is_available() {
+            tracing::warn!(
+                listen = %config.listen,
+                "cannot serve RDMA: {availability}; clients are refused with this reason until a device exists"
+            );
         }
         let shared = Shared {
             slots: Arc::new(Semaphore::new(config.max_clients)),
@@ -815,8 +845,15 @@ async fn admit(
     let (device, sgid) = match shared.devices.resolve(local_ip) {
         Ok(found) => found,
         Err(e) => {
+            // Without RDMA on this host, the client hears what the host lacks and the fix, not
+            // libibverbs' errno (ENOSYS when the kernel has no RDMA support).
+            let availability = Device::availability();
+            let detail = if availability.is_available() {
+                e.to_string()
+            } else {
+                availability.to_string()
+            };
             tracing::error!(error = %e, "no RDMA device for this connection");
-            let detail = e.to_string();
             return Err(reject(&mut chan, RejectReason::Unavailable { detail }).await);
         }
     };

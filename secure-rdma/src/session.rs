@@ -172,9 +172,13 @@ impl SessionConfig {
         }
         let (send_slots, write_slots) = self.slots();
         let data = self.accept_writes.then_some(bs.saturating_mul(write_slots));
-        for size in [Some(bs.saturating_mul(send_slots)), Some(bs.saturating_mul(slots)), data]
-            .into_iter()
-            .flatten()
+        for size in [
+            Some(bs.saturating_mul(send_slots)),
+            Some(bs.saturating_mul(slots)),
+            data,
+        ]
+        .into_iter()
+        .flatten()
         {
             held.push(quota.admit_mr(bytes(size))?);
         }
@@ -570,10 +574,7 @@ impl Session {
     /// one RC send queue come in posting order).
     async fn complete_one(&mut self) -> Result<(), SessionError> {
         let what = "an RDMA operation to complete";
-        self.qp
-            .send_cq()
-            .next_ok(what, self.config.timeout)
-            .await?;
+        self.qp.send_cq().next_ok(what, self.config.timeout).await?;
         self.completed += 1;
         Ok(())
     }
@@ -696,7 +697,9 @@ impl Session {
                 match &self.data_mr {
                     // A length beyond the slot is not a WRITE we allowed (it would read the
                     // next slot): refused, after the receive is re-posted below.
-                    Some(_) if len > bs => (Op::Write, Err(SessionError::TooLarge { len, max: bs })),
+                    Some(_) if len > bs => {
+                        (Op::Write, Err(SessionError::TooLarge { len, max: bs }))
+                    }
                     Some(mr) => (Op::Write, mr.read(at, len).map_err(SessionError::from)),
                     // We registered nothing for writes and gave the QP no remote write access:
                     // the device should have refused this.

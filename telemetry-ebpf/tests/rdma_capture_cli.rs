@@ -545,3 +545,38 @@ fn unsupported_link_types_and_broken_files() {
     assert_eq!(stdout(&cases[0].0).lines().count(), SESSION.len() - 1);
     assert_eq!(stdout(&cases[1].0), stdout(&cases[0].0));
 }
+
+#[test]
+fn version_help_and_errors_follow_the_family_conventions() {
+    let out = rdma_capture(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("rdma-capture {}", env!("CARGO_PKG_VERSION"))
+    );
+    let help = stdout(&rdma_capture(&["--help"]));
+    for documented in ["Exit codes:", "--log-format", "  2  usage", "130"] {
+        assert!(
+            help.contains(documented),
+            "{documented} missing from:\n{help}"
+        );
+    }
+    // No capture point: clap's usage error.
+    assert_eq!(rdma_capture(&[]).status.code(), Some(2));
+    let out = rdma_capture(&["-r", "-", "--log-format", "xml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("[possible values: text, json]"),
+        "{}",
+        stderr(&out)
+    );
+    // A failure: one line in the family's format (not anyhow's `Error:` and a backtrace), exit 1.
+    let out = rdma_capture(&["-r", "/nonexistent/capture.pcap"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("rdma-capture: error: cannot read /nonexistent/capture.pcap"),
+        "{err}"
+    );
+    assert!(!err.contains("Stack backtrace"), "{err}");
+}

@@ -230,3 +230,43 @@ fn no_ebpf_reports_port_hw_counters_and_skips_a_broken_one() {
     }
     assert!(!text.contains("lifespan"), "{text}");
 }
+
+#[test]
+fn version_help_and_errors_follow_the_family_conventions() {
+    let out = rdma_monitor(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("rdma-monitor {}", env!("CARGO_PKG_VERSION"))
+    );
+    let help = String::from_utf8_lossy(&rdma_monitor(&["--help"]).stdout).into_owned();
+    for documented in ["Exit codes:", "--log-format", "text", "json", "  2  usage"] {
+        assert!(
+            help.contains(documented),
+            "{documented} missing from:\n{help}"
+        );
+    }
+    // A bad choice is clap's usage error, listing the values.
+    let out = rdma_monitor(&["--log-format", "xml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("[possible values: text, json]"),
+        "{}",
+        stderr(&out)
+    );
+    let out = rdma_monitor(&["--tenant-by", "uid"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("[possible values: user, cgroup]"),
+        "{}",
+        stderr(&out)
+    );
+    // Any failure after parsing: one line, exit 1.
+    let out = rdma_monitor(&["--no-ebpf", "-c", "/nonexistent/quota.conf"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("rdma-monitor: error: "),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -1,6 +1,7 @@
 //! The device context, its GID table and protection domains.
 
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Arc;
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
@@ -13,6 +14,59 @@ use super::VerbsError;
 /// The port every queue pair here uses. Soft-RoCE and most RoCE NICs expose
 /// one port per device; multi-port HCAs show up as several devices on RoCE.
 pub const PORT: u8 = 1;
+
+/// Where the kernel publishes RDMA devices and loaded modules.
+pub const SYSFS: &str = "/sys";
+
+/// Whether this host can do RDMA at all, as sysfs tells: the first thing a user whose
+/// connections fail needs to know, and what to do about it.
+///
+/// ```
+/// use secure_rdma::verbs::{Availability, Device};
+///
+/// match Device::availability() {
+///     Availability::Devices(names) => println!("RDMA devices: {}", names.join(", ")),
+///     missing => eprintln!("{missing}"), // the problem and its fix
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// RDMA devices are registered; their names, sorted.
+    Devices(Vec<String>),
+    /// The kernel has RDMA support (its RDMA core is loaded) but no device is registered:
+    /// create one (Soft-RoCE on any Ethernet interface).
+    NoDevice,
+    /// The kernel has no RDMA support loaded: no `/sys/class/infiniband`, no `ib_core` module.
+    NoKernelSupport,
+}
+
+impl Availability {
+    /// Whether there is at least one device.
+    pub fn is_available(&self) -> bool {
+        matches!(self, Availability::Devices(_))
+    }
+}
+
+impl std::fmt::Display for Availability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Availability::Devices(names) => write!(f, "RDMA devices: {}", names.join(", ")),
+            Availability::NoDevice => f.write_str(
+                "the kernel supports RDMA but there is no RDMA device: create a Soft-RoCE device \
+                 with `sudo scripts/setup-softroce.sh --netdev IFACE` or \
+                 `sudo rdma link add rxe0 type rxe netdev IFACE` (IFACE: the interface that \
+                 carries the address clients connect to)",
+            ),
+            Availability::NoKernelSupport => f.write_str(
+                "the kernel has no RDMA support loaded (no /sys/class/infiniband): load Soft-RoCE \
+                 with `sudo modprobe rdma_rxe` (Ubuntu: package linux-modules-extra-$(uname -r)), \
+                 then create a device with `sudo scripts/setup-softroce.sh --netdev IFACE`; if \
+                 modprobe finds no rdma_rxe, this kernel was built without RDMA, and a container \
+                 needs its host to do this",
+            ),
+        }
+    }
+}
 
 /// An open RDMA device context, shared by every connection of a process.
 ///
@@ -43,6 +97,49 @@ fn list_devices() -> Result<DeviceList, VerbsError> {
 }
 
 impl Device {
+    /// Whether this host has RDMA devices, and if not, whether its kernel has RDMA support;
+    /// reads [`SYSFS`]. Needs no privileges and no libibverbs.
+    ///
+    /// ```
+    /// use secure_rdma::verbs::Device;
+    ///
+    /// let here = Device::availability();
+    /// if !here.is_available() {
+    ///     eprintln!("{here}");
+    /// }
+    /// ```
+    pub fn availability() -> Availability {
+        Self::availability_at(Path::new(SYSFS))
+    }
+
+    /// [`Device::availability`] with sysfs mounted at `sys` (a test's fake tree, a container's
+    /// view of the host).
+    ///
+    /// ```
+    /// use secure_rdma::verbs::{Availability, Device};
+    ///
+    /// let empty = std::env::temp_dir().join("no-such-sysfs");
+    /// assert_eq!(Device::availability_at(&empty), Availability::NoKernelSupport);
+    /// ```
+    pub fn availability_at(sys: &Path) -> Availability {
+        // The RDMA core (ib_core) creates the class directory when it loads, and each device
+        // appears in it; a module directory alone (built in, or loaded with the class
+        // directory hidden from a container) still means the kernel has RDMA.
+        let mut names: Vec<String> = match std::fs::read_dir(sys.join("class/infiniband")) {
+            Ok(entries) => entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) if sys.join("module/ib_core").exists() => Vec::new(),
+            Err(_) => return Availability::NoKernelSupport,
+        };
+        if names.is_empty() {
+            return Availability::NoDevice;
+        }
+        names.sort();
+        Availability::Devices(names)
+    }
+
     /// Names of the RDMA devices present.
     pub fn names() -> Result<Vec<String>, VerbsError> {
         Ok(device_names(&list_devices()?))
@@ -291,6 +388,43 @@ mod tests {
             let err = PathMtu::try_from(bad).unwrap_err();
             assert!(err.contains(&bad.to_string()), "{err}");
         }
+    }
+
+    #[test]
+    fn availability_tells_no_kernel_support_from_no_device() {
+        let sys = tempfile::tempdir().expect("tempdir");
+        let at = || Device::availability_at(sys.path());
+        // Nothing RDMA in sysfs: the kernel has no RDMA support loaded; the fix loads it.
+        let none = at();
+        assert_eq!(none, Availability::NoKernelSupport);
+        assert!(!none.is_available());
+        let text = none.to_string();
+        assert!(text.contains("modprobe rdma_rxe"), "{text}");
+        assert!(text.contains("scripts/setup-softroce.sh"), "{text}");
+        // ib_core loaded (or built in) without the class directory: RDMA, no device.
+        std::fs::create_dir_all(sys.path().join("module/ib_core")).unwrap();
+        assert_eq!(at(), Availability::NoDevice);
+        // The class directory, empty: RDMA, no device; the fix creates one.
+        std::fs::create_dir_all(sys.path().join("class/infiniband")).unwrap();
+        let no_device = at();
+        assert_eq!(no_device, Availability::NoDevice);
+        let text = no_device.to_string();
+        assert!(text.contains("scripts/setup-softroce.sh"), "{text}");
+        assert!(
+            text.contains("rdma link add rxe0 type rxe netdev IFACE"),
+            "{text}"
+        );
+        assert!(!text.contains("modprobe"), "{text}");
+        // Devices, listed sorted.
+        for name in ["rxe-b", "rxe-a"] {
+            std::fs::create_dir(sys.path().join("class/infiniband").join(name)).unwrap();
+        }
+        let found = at();
+        assert_eq!(
+            found,
+            Availability::Devices(vec!["rxe-a".into(), "rxe-b".into()])
+        );
+        assert!(found.is_available());
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod mr;
 mod qp;
 
 pub use cq::{Completion, CompletionQueue, Poll, WcOpcode, WcStatus};
-pub use device::{Device, PathMtu, ProtectionDomain};
+pub use device::{Availability, Device, PathMtu, ProtectionDomain, SYSFS};
 pub use gid::{select_gid, Gid, GidEntry, GidKind, GidSelector, NoMatchingGid, ParseGidError};
 pub use mr::{MemoryRegion, MrAccess, RemoteBuffer};
 pub use qp::{

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{ArgGroup, Parser};
+use rdma_cli::logging::{self, LogFormat};
 use roce::follow::DEFAULT_MAX_FLOWS;
 use telemetry_ebpf::capture::filter::ClassFilter;
 use telemetry_ebpf::capture::loader::{Capture, CapturePoint};
@@ -51,6 +52,8 @@ extern "C" fn on_signal_reading_pipe(_: libc::c_int) {
 #[derive(Parser, Debug)]
 #[command(
     version,
+    name = "rdma-capture",
+    after_help = EXIT_CODES,
     group(ArgGroup::new("where").required(true).args(["interface", "device", "read"]))
 )]
 struct Args {
@@ -123,7 +126,21 @@ struct Args {
     /// Sent frames only (TC egress).
     #[arg(long, conflicts_with = "rxe")]
     egress_only: bool,
+    /// Log format on stderr (RUST_LOG sets the level, default warn); packets and the summary
+    /// are output, not logs.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
 }
+
+/// What `rdma-capture --help` says about how it exits.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  the capture or the file was read to its end (Ctrl-C, --count, --duration), summary printed
+  1  any failure, the reason on stderr as `rdma-capture: error: ...` (eBPF cannot attach: run as
+     root or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON; no such netdev or RDMA device; a file
+     that is not a capture; -w - to a terminal; a write that failed, its file removed)
+  2  usage: an unknown flag, a bad value, or none of -i, -d, -r (clap's error)
+  130  a second Ctrl-C while reading standard input (-r -) whose writer did not stop";
 
 fn parse_qpn(s: &str) -> Result<u32, String> {
     let n = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
@@ -236,8 +253,16 @@ fn is_dash(path: &Path) -> bool {
     path.as_os_str() == "-"
 }
 
-fn main() -> Result<()> {
+fn main() {
     let args = Args::parse();
+    logging::init(args.log_format, "warn");
+    if let Err(e) = run(&args) {
+        eprintln!("rdma-capture: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
     let pcap_to_stdout = args.write.as_deref().is_some_and(is_dash);
     if pcap_to_stdout && io::stdout().is_terminal() {
         bail!("-w - writes a binary pcap to standard output, which is a terminal: pipe it (`| wireshark -k -i -`, `| tcpdump -r -`) or redirect it to a file");
@@ -304,7 +329,7 @@ fn main() -> Result<()> {
                 .with_context(|| format!("{}", path.display()))?;
             (path.display().to_string(), KernelCounters::default())
         }
-        None => live(&args, &mut processor, &mut out)?,
+        None => live(args, &mut processor, &mut out)?,
     };
 
     let summary = processor.summary(kernel);

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
 use rdma_collector::Collector;
@@ -37,7 +38,7 @@ use tokio::sync::watch;
 /// Needs root (or CAP_BPF and CAP_PERFMON), a kernel with BPF, BTF and
 /// kprobes. Ctrl-C stops it with a final summary.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, name = "rdma-monitor", after_help = EXIT_CODES)]
 struct Args {
     /// Seconds between reports.
     #[arg(short, long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
@@ -58,7 +59,8 @@ struct Args {
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = DEFAULT_SOCKET)]
     collector: Option<PathBuf>,
     /// What a collector tenant is: the program's user name or its whole cgroup v2 path.
-    #[arg(long, value_name = "user|cgroup", default_value_t = TenantBy::User)]
+    #[arg(long, value_name = "KIND", default_value_t = TenantBy::User,
+          value_parser = PossibleValuesParser::new(["user", "cgroup"]).map(tenant_by))]
     tenant_by: TenantBy,
     /// Also print every call as it happens (pid, comm, cgroup, verb, device, result, latency).
     #[arg(long)]
@@ -75,7 +77,19 @@ struct Args {
     /// Read port hardware counters below DIR (laid out like /sys/class/infiniband).
     #[arg(long, value_name = "DIR", default_value = hw_counters::SYSFS_ROOT)]
     hw_counters_root: PathBuf,
+    /// Log format on stderr (RUST_LOG sets the level, default info).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
 }
+
+/// What `rdma-monitor --help` says about how it exits.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  stopped by Ctrl-C/SIGTERM or after --count reports, with the final summary printed
+  1  any failure, the reason on stderr as `rdma-monitor: error: ...` (eBPF cannot load or attach:
+     run as root or with CAP_BPF and CAP_PERFMON, or use --no-ebpf; a threshold file that does
+     not parse; --metrics or --collector address in use; stopped before the first --count report)
+  2  usage: an unknown flag or a bad value (clap's error)";
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
     let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
@@ -85,9 +99,18 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// `--tenant-by`: the parser lets only the listed values through (and lists them in --help,
+/// which a fallible conversion would hide).
+fn tenant_by(kind: String) -> TenantBy {
+    match kind.as_str() {
+        "cgroup" => TenantBy::Cgroup,
+        _ => TenantBy::User,
+    }
+}
+
 fn main() {
-    logging::init(LogFormat::Text, "info");
     let args = Args::parse();
+    logging::init(args.log_format, "info");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
