@@ -118,7 +118,7 @@ fn bench_connect_send_write_print_sane_json() {
 
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
-fn bench_hold_establishes_a_thousand_sessions() {
+fn bench_hold_establishes_every_session_it_asks_for() {
     require_lab();
     let pki = Pki::new();
     pki.clients(&["hold".to_owned()]);
@@ -139,14 +139,29 @@ fn bench_hold_establishes_a_thousand_sessions() {
         "warn,secure_server=info",
     );
     let rss_idle = server.rss_kib();
+    // The debug builds the suite runs are far slower than the release build scripts/bench.sh
+    // measures (1000 sessions in 10.6 s there; over 900 s here): CI holds fewer, the count
+    // comes from BENCH_HOLD_SESSIONS (1000 for the figure).
+    let n: u64 = std::env::var("BENCH_HOLD_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let what = format!("bench hold -n {n}");
     let v = bench(
-        client(&pki, &server, Some("hold"))
-            .args(["bench", "hold", "-n", "1000", "-c", "16", "--json"]),
-        "bench hold -n 1000",
+        client(&pki, &server, Some("hold")).args([
+            "bench",
+            "hold",
+            "-n",
+            &n.to_string(),
+            "-c",
+            "16",
+            "--json",
+        ]),
+        &what,
     );
     eprintln!("server RSS: {rss_idle} KiB idle; the client's report: {v}");
-    assert_eq!(v["requested"], 1000, "{v}");
-    assert_eq!(v["established"], 1000, "{v}");
+    assert_eq!(v["requested"], n, "{v}");
+    assert_eq!(v["established"], n, "{v}");
     assert_eq!(v["failed"], 0, "{v}");
     assert!(v["setup_ms"].as_f64().unwrap_or(0.0) > 0.0, "{v}");
     assert!(v["rss_kib"].as_u64().unwrap_or(0) > 0, "{v}");
