@@ -1,7 +1,7 @@
 //! `secure-client HOST bench …` against a real secure-server on Soft-RoCE: every subcommand
 //! runs, exits 0 and prints one JSON object of the shape with sane values. No timing
-//! assertions (TCG timings say nothing absolute); and `bench hold -n 1000` establishes all 1000
-//! sessions on one `secure-server --max-clients 1000`.
+//! assertions (TCG timings say nothing absolute); and `bench hold -n N` establishes all N
+//! sessions on one `secure-server --max-clients 1000` (N = BENCH_HOLD_SESSIONS, default 100).
 //!
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
