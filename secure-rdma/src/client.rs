@@ -733,10 +733,12 @@ impl Client {
     ///     ..ClientConfig::new("10.77.0.1")
     /// })
     /// .await?;
+    /// let mut acks = Vec::new();
     /// for chunk in [b"one".as_slice(), b"two", b"three"] {
-    ///     client.post(Op::Send, chunk).await?;
+    ///     acks.extend(client.post(Op::Send, chunk).await?);
     /// }
-    /// assert_eq!(client.flush().await?.len(), client.in_flight() + 3);
+    /// acks.extend(client.flush().await?);
+    /// assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [1, 2, 3]);
     /// client.quit().await;
     /// # Ok(()) }
     /// ```

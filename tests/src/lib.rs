@@ -175,23 +175,35 @@ pub fn wait_listening(port: u16) -> bool {
     false
 }
 
-/// The library client settings of a lab program acting as client `name` of the server at
-/// `host:port`, with the certificates of `certs` (as `secure-client --certs DIR --name NAME`).
-pub fn lab_client_config(
-    host: &str,
-    port: u16,
-    certs: &Path,
-    name: &str,
-    timeout: Duration,
-) -> secure_rdma::client::ClientConfig {
-    secure_rdma::client::ClientConfig {
-        port,
-        ca: certs.join("ca.pem"),
-        identity: Some((
-            certs.join(format!("{name}.pem")),
-            certs.join(format!("{name}.key")),
-        )),
-        timeout,
-        ..secure_rdma::client::ClientConfig::new(host)
+/// Whom a lab client program connects to and as whom, in secure-client's spelling
+/// (`HOST --port PORT --certs DIR --name NAME`): flattened into each program's own arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LabClientArgs {
+    /// Server address.
+    pub host: String,
+    /// Server port.
+    #[arg(long)]
+    pub port: u16,
+    /// Certificate directory (ca.pem, NAME.pem, NAME.key).
+    #[arg(long)]
+    pub certs: PathBuf,
+    /// Client identity.
+    #[arg(long)]
+    pub name: String,
+}
+
+impl LabClientArgs {
+    /// The library client settings for these arguments, each step bounded by `timeout`.
+    pub fn config(&self, timeout: Duration) -> secure_rdma::client::ClientConfig {
+        secure_rdma::client::ClientConfig {
+            port: self.port,
+            ca: self.certs.join("ca.pem"),
+            identity: Some((
+                self.certs.join(format!("{}.pem", self.name)),
+                self.certs.join(format!("{}.key", self.name)),
+            )),
+            timeout,
+            ..secure_rdma::client::ClientConfig::new(&self.host)
+        }
     }
 }

@@ -159,18 +159,6 @@ impl Poll {
     }
 }
 
-impl std::str::FromStr for Poll {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "event" => Ok(Poll::Event),
-            "busy" => Ok(Poll::Busy),
-            other => Err(format!("unknown poll mode {other:?}: busy or event")),
-        }
-    }
-}
-
 /// Polls of an empty CQ in a busy wait before yielding to tokio once.
 const BUSY_SPINS: u32 = 256;
 

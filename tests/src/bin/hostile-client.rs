@@ -3,7 +3,6 @@
 //! reads its TLS socket, so the server's acknowledgements pile up until the server's writes
 //! block. Prints one JSON line per second of progress and a final one.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -13,17 +12,8 @@ use secure_rdma::client::Client;
 /// Misbehaving secure-client for the lab: sends without ever reading acknowledgements.
 #[derive(Debug, Parser)]
 struct Args {
-    /// Server address.
-    host: String,
-    /// Server port.
-    #[arg(long)]
-    port: u16,
-    /// Certificate directory (ca.pem, NAME.pem, NAME.key).
-    #[arg(long)]
-    certs: PathBuf,
-    /// Client identity.
-    #[arg(long)]
-    name: String,
+    #[command(flatten)]
+    client: secure_rdma_tests::LabClientArgs,
     /// Messages to send at most.
     #[arg(long, default_value_t = 1_000_000)]
     count: u64,
@@ -39,13 +29,7 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let cfg = secure_rdma_tests::lab_client_config(
-        &args.host,
-        args.port,
-        &args.certs,
-        &args.name,
-        Duration::from_secs(args.timeout),
-    );
+    let cfg = args.client.config(Duration::from_secs(args.timeout));
     let mut client = Client::connect(&cfg).await?;
     println!("{}", serde_json::json!({"connected": true}));
     let started = Instant::now();

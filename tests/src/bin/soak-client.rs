@@ -3,7 +3,6 @@
 //! process, `--concurrency` at a time. Prints a JSON progress line every `--every` cycles, the
 //! process's own RSS included, and a final summary; exits non-zero on the first failed cycle.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -13,17 +12,8 @@ use secure_rdma::client::{Client, ClientConfig};
 /// Soak client: N in-process secure sessions, connect + send + quit each.
 #[derive(Debug, Parser)]
 struct Args {
-    /// Server address.
-    host: String,
-    /// Server port.
-    #[arg(long)]
-    port: u16,
-    /// Certificate directory (ca.pem, NAME.pem, NAME.key).
-    #[arg(long)]
-    certs: PathBuf,
-    /// Client identity.
-    #[arg(long)]
-    name: String,
+    #[command(flatten)]
+    client: secure_rdma_tests::LabClientArgs,
     /// Cycles in all.
     #[arg(long, default_value_t = 1000)]
     cycles: u64,
@@ -61,13 +51,7 @@ async fn cycle(cfg: &ClientConfig, n: u64) -> Result<()> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let cfg = secure_rdma_tests::lab_client_config(
-        &args.host,
-        args.port,
-        &args.certs,
-        &args.name,
-        Duration::from_secs(30),
-    );
+    let cfg = args.client.config(Duration::from_secs(30));
     let started = Instant::now();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
