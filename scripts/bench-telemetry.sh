@@ -42,8 +42,8 @@ set -e
 run() { # mode round
     case \$1 in
         none) ;;
-        counters) $BIN/rdma-monitor -i 3600 >/dev/null 2>$RESULTS/mon.err & m=\$! ;;
-        events) $BIN/rdma-monitor -i 3600 --events >/dev/null 2>$RESULTS/mon.err & m=\$! ;;
+        counters) $BIN/rdma-monitor --interval 3600 >/dev/null 2>$RESULTS/mon.err & m=\$! ;;
+        events) $BIN/rdma-monitor --interval 3600 --events >/dev/null 2>$RESULTS/mon.err & m=\$! ;;
     esac
     if [ "\$1" != none ]; then
         for i in \$(seq 600); do grep -q 'hooks attached' $RESULTS/mon.err 2>/dev/null && break; sleep 0.1; done

@@ -193,7 +193,7 @@ if [ "$HOLD" -gt 0 ]; then
     echo "bench: holding $HOLD sessions" >&2
     rss() { awk '/^VmRSS:/ { print $2 }' /proc/$1/status; }
     idle=$(rss $HS)
-    "${CLIENT[@]/4800/4801}" bench hold -n "$HOLD" -c 16 --hold 20 --json >"$WORK/hold.json" &
+    "${CLIENT[@]/4800/4801}" bench hold -n "$HOLD" --concurrency 16 --hold 20 --json >"$WORK/hold.json" &
     HC=$!
     # The server's memory while all sessions are held: the peak over the hold.
     peak=$idle

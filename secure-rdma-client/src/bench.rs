@@ -65,7 +65,8 @@ pub enum Bench {
         )]
         n: usize,
         /// Connections in flight at once (the server allows 8 pending per address by default)
-        #[arg(short = 'c', long, value_name = "N", default_value_t = 1)]
+        // No -c: across the project's tools -c is rdma-capture's packet count.
+        #[arg(long, value_name = "N", default_value_t = 1)]
         concurrency: usize,
     },
     /// RDMA SEND ping-pongs (latency) and a stream of SENDs (bandwidth) over one session
@@ -84,7 +85,7 @@ pub enum Bench {
         )]
         n: usize,
         /// Connections in flight at once while opening them
-        #[arg(short = 'c', long, value_name = "N", default_value_t = 8)]
+        #[arg(long, value_name = "N", default_value_t = 8)]
         concurrency: usize,
         /// Seconds to hold them once all are open
         #[arg(long, value_name = "SECONDS", default_value_t = 0)]

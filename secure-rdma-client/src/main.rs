@@ -54,7 +54,7 @@ struct Cli {
     /// Name the server certificate must carry [default: HOST]
     server_name: Option<String>,
     /// Server port
-    #[arg(long, default_value_t = 4433)]
+    #[arg(short, long, default_value_t = 4433)]
     port: u16,
     /// Certificate directory made by `secure-server certs` (ca.pem, NAME.pem, NAME.key)
     #[arg(long, value_name = "DIR", default_value = "certs")]
@@ -72,10 +72,10 @@ struct Cli {
     #[arg(long, value_name = "FILE", requires = "cert")]
     key: Option<PathBuf>,
     /// RDMA device [default: the one whose RoCEv2 GID carries our local address]
-    #[arg(long, value_name = "NAME")]
+    #[arg(short, long, value_name = "NAME")]
     device: Option<String>,
     /// Source GID index [default: the RoCEv2 GID of our local address]
-    #[arg(long, value_name = "INDEX")]
+    #[arg(short, long, value_name = "INDEX")]
     gid_index: Option<u32>,
     /// Run this command instead of reading stdin; repeatable, in order
     #[arg(long = "exec", short = 'e', value_name = "COMMAND")]

@@ -82,14 +82,18 @@ struct Opts {
     /// Address and port to listen on [default: 0.0.0.0:4433]
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<SocketAddr>,
+    /// Port to listen on, on every address: short for --listen 0.0.0.0:PORT (-p as in
+    /// rping and perftest)
+    #[arg(short, long, value_name = "PORT", conflicts_with = "listen")]
+    port: Option<u16>,
     /// Clients served at once; client N+1 is refused with "server full (N/N)" [default: 10]
     #[arg(long, value_name = "N")]
     max_clients: Option<usize>,
     /// RDMA device [default: the device whose RoCEv2 GID carries the address the client connected to]
-    #[arg(long, value_name = "NAME")]
+    #[arg(short, long, value_name = "NAME")]
     device: Option<String>,
     /// Source GID index [default: the RoCEv2 GID of the connection's local address]
-    #[arg(long, value_name = "INDEX")]
+    #[arg(short, long, value_name = "INDEX")]
     gid_index: Option<u32>,
     /// Per-client buffer size in bytes: the largest send or write [default: 4096]
     #[arg(long, value_name = "BYTES")]
@@ -164,7 +168,7 @@ struct Opts {
     /// End sessions older than this many seconds (clients reconnect) [default: no limit]
     #[arg(long, value_name = "SECONDS")]
     max_session_lifetime: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -187,6 +191,11 @@ fn cipher_from_toml<'de, D: serde::Deserializer<'de>>(
 }
 
 /// The payload-protection policy the flags (then the file) ask for.
+/// `0.0.0.0:port`: what `--port` alone listens on.
+fn any_address(port: u16) -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], port))
+}
+
 fn protection_policy(flags: &Opts, file: &Opts) -> ProtectionPolicy {
     if flags.no_payload_protection || file.no_payload_protection {
         return ProtectionPolicy::off();
@@ -388,10 +397,13 @@ async fn serve(flags: Opts) -> Result<()> {
         );
     }
     let mut config = ServerConfig {
+        // A flag wins over the file, and within each an explicit address wins over a bare port.
         listen: flags
             .listen
+            .or(flags.port.map(any_address))
             .or(file.listen)
-            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 4433))),
+            .or(file.port.map(any_address))
+            .unwrap_or_else(|| any_address(4433)),
         max_clients: flags.max_clients.or(file.max_clients).unwrap_or(10),
         device: flags.device.or(file.device),
         gid_index: flags.gid_index.or(file.gid_index),

@@ -62,3 +62,56 @@ fn the_config_file_takes_the_flags_spellings() {
         "{err}"
     );
 }
+
+/// `-p PORT` is rdma-core's port letter: the server listens on every address at that port, and
+/// naming an address too is a usage error rather than a silent choice between the two.
+#[test]
+fn dash_p_listens_on_that_port_and_conflicts_with_listen() {
+    let out = secure_server(&["-p", "4999", "--listen", "127.0.0.1:4433"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("certs");
+    secure_rdma::certs::init(&certs, &["localhost".into()]).expect("certs");
+    // A port free a moment ago; the server binds it on 0.0.0.0.
+    let port = std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
+        .args(["-p", &port.to_string(), "--log-format", "json", "--certs"])
+        .arg(&certs)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn secure-server");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let listen = loop {
+        let Ok(line) = lines.recv_timeout(std::time::Duration::from_secs(60)) else {
+            let _ = child.kill();
+            panic!("secure-server -p {port} not ready within 60 s");
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if v["message"] == "secure-server ready" {
+            break v["listen"].as_str().unwrap_or_default().to_owned();
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(listen, format!("0.0.0.0:{port}"));
+}

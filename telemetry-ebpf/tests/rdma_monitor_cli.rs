@@ -19,7 +19,7 @@ fn stderr(o: &Output) -> String {
 fn without_probes_it_names_what_is_missing() {
     // Whatever this machine lacks (privileges, BPF, BTF, kprobes, RDMA hooks),
     // the one error line says which.
-    let out = rdma_monitor(&["-i", "0.1", "--count", "1"]);
+    let out = rdma_monitor(&["--interval", "0.1", "--count", "1"]);
     if out.status.success() {
         return; // a machine with kprobes and ib_core: nothing is missing
     }
@@ -49,11 +49,11 @@ fn no_ebpf_reports_the_thresholds_as_json_and_a_final_summary() {
     let out = rdma_monitor(&[
         "--no-ebpf",
         "--json",
-        "-i",
+        "--interval",
         "0.1",
         "--count",
         "2",
-        "-c",
+        "--quota",
         &conf.to_string_lossy(),
         "--limit",
         "QP_CREATE=100",
@@ -77,7 +77,7 @@ fn no_ebpf_reports_the_thresholds_as_json_and_a_final_summary() {
 fn text_reports_have_the_sections() {
     let out = rdma_monitor(&[
         "--no-ebpf",
-        "-i",
+        "--interval",
         "0.1",
         "--count",
         "1",
@@ -106,11 +106,11 @@ fn bad_input_is_an_error_naming_the_problem() {
     let conf = conf.to_string_lossy().into_owned();
     let cases: &[(&[&str], &str)] = &[
         (
-            &["--no-ebpf", "-c", &conf],
+            &["--no-ebpf", "--quota", &conf],
             "bad.conf:2: unknown key \"QP_CONT\"",
         ),
         (
-            &["--no-ebpf", "-c", "/nonexistent/q.conf"],
+            &["--no-ebpf", "--quota", "/nonexistent/q.conf"],
             "/nonexistent/q.conf",
         ),
         (
@@ -118,8 +118,11 @@ fn bad_input_is_an_error_naming_the_problem() {
             "destruction is never limited",
         ),
         (&["--no-ebpf", "--limit", "QP_COUNT=many"], "QP_COUNT"),
-        (&["--no-ebpf", "-i", "0"], "out of range"),
-        (&["--no-ebpf", "-i", "soon"], "\"soon\" is not a number"),
+        (&["--no-ebpf", "--interval", "0"], "out of range"),
+        (
+            &["--no-ebpf", "--interval", "soon"],
+            "\"soon\" is not a number",
+        ),
         (
             &["--no-ebpf", "--metrics", "not-an-address"],
             "not-an-address",
@@ -172,7 +175,7 @@ fn no_ebpf_reports_port_hw_counters_and_skips_a_broken_one() {
     let out = rdma_monitor(&[
         "--no-ebpf",
         "--json",
-        "-i",
+        "--interval",
         "0.1",
         "--count",
         "1",
@@ -210,7 +213,7 @@ fn no_ebpf_reports_port_hw_counters_and_skips_a_broken_one() {
 
     let out = rdma_monitor(&[
         "--no-ebpf",
-        "-i",
+        "--interval",
         "0.1",
         "--count",
         "1",
@@ -262,7 +265,7 @@ fn version_help_and_errors_follow_the_family_conventions() {
         stderr(&out)
     );
     // Any failure after parsing: one line, exit 1.
-    let out = rdma_monitor(&["--no-ebpf", "-c", "/nonexistent/quota.conf"]);
+    let out = rdma_monitor(&["--no-ebpf", "--quota", "/nonexistent/quota.conf"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).starts_with("rdma-monitor: error: "),

@@ -54,8 +54,15 @@ fn bench_connect_send_write_print_sane_json() {
     let server = ServerProc::start(&pki, 4701, &["--allow-unprotected"]);
 
     let v = bench(
-        client(&pki, &server, Some("bench"))
-            .args(["bench", "connect", "-n", "10", "-c", "2", "--json"]),
+        client(&pki, &server, Some("bench")).args([
+            "bench",
+            "connect",
+            "-n",
+            "10",
+            "--concurrency",
+            "2",
+            "--json",
+        ]),
         "bench connect",
     );
     assert_eq!(v["connections"], 10, "{v}");
@@ -153,7 +160,7 @@ fn bench_hold_establishes_every_session_it_asks_for() {
             "hold",
             "-n",
             &n.to_string(),
-            "-c",
+            "--concurrency",
             "16",
             "--json",
         ]),

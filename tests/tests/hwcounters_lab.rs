@@ -39,7 +39,7 @@ fn forged_packets_with_wrong_psns_show_in_rdma_monitor_port_counters() {
     pair.exchange(2).expect("the pair works before the attack");
 
     let mut monitor = Command::new(bin("rdma-monitor"))
-        .args(["--no-ebpf", "--json", "-i", "0.5"])
+        .args(["--no-ebpf", "--json", "--interval", "0.5"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -27,7 +27,7 @@ struct MonitorProc {
 impl MonitorProc {
     fn start() -> MonitorProc {
         let mut child = Command::new(bin("rdma-monitor"))
-            .args(["--json", "-i", "0.5"])
+            .args(["--json", "--interval", "0.5"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 /// carry every RDMA port's hardware counters from sysfs (totals and growth per
 /// interval; out-of-sequence and duplicate requests are how packet injection
 /// and PSN guessing show), with or without eBPF. Thresholds
-/// come from -c FILE ("QP_COUNT 1000", "MR_REG 200", "tenant alice QP_COUNT 4";
+/// come from --quota FILE ("QP_COUNT 1000", "MR_REG 200", "tenant alice QP_COUNT 4";
 /// 0 disables; '#' comments) and --limit. They are enforced on programs run
 /// with LD_PRELOAD=librdma_intercept.so through the collector socket
 /// (--collector); refusals are marked INTERCEPTED. Use the kernel's rdma
@@ -41,12 +41,14 @@ use tokio::sync::watch;
 #[command(version, name = "rdma-monitor", after_help = EXIT_CODES)]
 struct Args {
     /// Seconds between reports.
-    #[arg(short, long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
+    // No short letter: -i is rdma-capture's interface, and one letter means one thing across
+    // the project's tools.
+    #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
     interval: Duration,
-    /// Threshold file.
-    #[arg(short, long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// One threshold, KEY=VALUE or tenant:NAME:KEY=VALUE; repeatable; wins over -c.
+    /// Quota file (the same format and flag name as rdma-collector's and secure-server's).
+    #[arg(long, value_name = "FILE")]
+    quota: Option<PathBuf>,
+    /// One threshold, KEY=VALUE or tenant:NAME:KEY=VALUE; repeatable; wins over --quota.
     #[arg(long = "limit", value_name = "KEY=VALUE")]
     limits: Vec<LimitSetting>,
     /// One JSON object per interval instead of text.
@@ -124,7 +126,7 @@ fn main() {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let mut config = match &args.config {
+    let mut config = match &args.quota {
         Some(path) => QuotaConfig::load(path)?,
         None => QuotaConfig::default(),
     };
