@@ -107,6 +107,11 @@ pub struct Cli {
     /// Inject an RC SEND Only carrying TEXT (--observe; --blind: the guesses' payload)
     #[arg(long, value_name = "TEXT", conflicts_with_all = ["write_imm", "replay"])]
     pub send: Option<String>,
+    /// Inject an RC SEND Only carrying these bytes, given as hex ("000200…"): a binary record
+    /// such as a forged acknowledgement (--observe)
+    #[arg(long, value_name = "HEX", value_parser = hex_arg,
+          conflicts_with_all = ["send", "write_imm", "replay", "blind"])]
+    pub send_hex: Option<HexBytes>,
     /// Inject an RC RDMA WRITE Only with Immediate of TEXT at the observed rkey and address
     #[arg(long, value_name = "TEXT", conflicts_with_all = ["blind", "replay"])]
     pub write_imm: Option<String>,
@@ -147,6 +152,35 @@ fn u32_arg(s: &str) -> Result<u32, String> {
         None => t.parse(),
     };
     parsed.map_err(|_| format!("{s:?} is not a 32-bit number (decimal or 0x-hex)"))
+}
+
+/// Bytes given on the command line as hex (`--send-hex`). A newtype because clap reads a bare
+/// `Vec<u8>` as many arguments of one byte each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HexBytes(pub Vec<u8>);
+
+/// Hex digits, two per byte; spaces and a 0x prefix allowed.
+fn hex_arg(s: &str) -> Result<HexBytes, String> {
+    let digits: String = s
+        .trim()
+        .trim_start_matches("0x")
+        .split_whitespace()
+        .collect();
+    if digits.is_empty() || !digits.len().is_multiple_of(2) {
+        return Err(format!(
+            "{s:?} is not whole bytes of hex (two digits per byte)"
+        ));
+    }
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| {
+            digits
+                .get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(|| format!("{s:?} is not hex (at digit {})", i + 1))
+        })
+        .collect::<Result<_, _>>()
+        .map(HexBytes)
 }
 
 fn qpn_arg(s: &str) -> Result<u32, String> {
@@ -275,9 +309,13 @@ impl Cli {
     /// ```
     pub fn plan(&self) -> Result<Plan, CliError> {
         let timeout = Duration::from_secs(self.timeout);
-        for (flag, text) in [("--send", &self.send), ("--write-imm", &self.write_imm)] {
-            if let Some(t) = text.as_ref().filter(|t| t.len() > MAX_PAYLOAD) {
-                return Err(CliError::PayloadTooLong { flag, len: t.len() });
+        for (flag, len) in [
+            ("--send", self.send.as_ref().map(String::len)),
+            ("--send-hex", self.send_hex.as_ref().map(|b| b.0.len())),
+            ("--write-imm", self.write_imm.as_ref().map(String::len)),
+        ] {
+            if let Some(len) = len.filter(|&l| l > MAX_PAYLOAD) {
+                return Err(CliError::PayloadTooLong { flag, len });
             }
         }
         let learn = |iface: &str| LearnOptions {
@@ -355,13 +393,14 @@ impl Cli {
             Some(_) => return Err(CliError::StrayIface),
             None => {}
         }
-        let injection = match (&self.send, &self.write_imm) {
-            (Some(t), _) => Some(Injection::Send(t.clone().into_bytes())),
-            (None, Some(t)) => Some(Injection::WriteImm {
+        let injection = match (&self.send, &self.send_hex, &self.write_imm) {
+            (Some(t), _, _) => Some(Injection::Send(t.clone().into_bytes())),
+            (None, Some(bytes), _) => Some(Injection::Send(bytes.0.clone())),
+            (None, None, Some(t)) => Some(Injection::WriteImm {
                 data: t.clone().into_bytes(),
                 imm: self.imm,
             }),
-            (None, None) => None,
+            (None, None, None) => None,
         };
         Ok(Plan::Observe {
             learn: learn(observe),
@@ -400,6 +439,28 @@ mod tests {
         "--guesses",
         "10000",
     ];
+
+    #[test]
+    fn send_hex_injects_those_bytes_and_refuses_what_is_not_hex() {
+        let cli = parse(&[
+            "--observe",
+            "veth-a",
+            "--send-hex",
+            "00 0200000000000000 40420f00",
+        ])
+        .unwrap();
+        let Plan::Observe { injection, .. } = cli.plan().unwrap() else {
+            panic!("not an observe plan")
+        };
+        let mut want = vec![0u8, 2, 0, 0, 0, 0, 0, 0, 0];
+        want.extend_from_slice(&1_000_000u32.to_le_bytes());
+        assert_eq!(injection, Some(Injection::Send(want)));
+        for bad in ["abc", "zz", ""] {
+            let err = parse(&["--observe", "veth-a", "--send-hex", bad]).unwrap_err();
+            assert!(err.to_string().contains("hex"), "{bad}: {err}");
+        }
+        assert!(parse(&["--observe", "veth-a", "--send", "x", "--send-hex", "00"]).is_err());
+    }
 
     #[test]
     fn observe_plans() {

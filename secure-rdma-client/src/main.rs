@@ -283,6 +283,22 @@ async fn run(cli: Cli) -> i32 {
                 Cmd::Write(data) => client.write(data.as_bytes()).await,
             };
             match result {
+                // No acknowledgement could be trusted (a message from the server failed
+                // authentication: forged on the path, say), so whether the server has the command
+                // is unknown: a new session, but the command is not sent twice. The exit status
+                // says that one command's fate is unknown.
+                Err(e) if e.delivery_unknown() && backoff.attempts > 0 => {
+                    eprintln!("secure-client: session lost: {e}");
+                    eprintln!(
+                        "secure-client: the interrupted command may have reached the server: not sent again"
+                    );
+                    status = e.exit_code();
+                    client = match connect(&cfg, backoff, true).await {
+                        Ok(c) => c,
+                        Err(e) => break Some(Err(Some(e))),
+                    };
+                    break None;
+                }
                 // The server never acknowledged this command and the session is gone: it was not
                 // delivered (a server that tears a session down delivers nothing after it), so
                 // send it again on a new session, once.

@@ -207,10 +207,29 @@ impl ClientError {
                         }
                 )
             }
-            ClientError::Session(SessionError::Verbs(_) | SessionError::Timeout(..)) => true,
+            ClientError::Session(
+                SessionError::Verbs(_) | SessionError::Timeout(..) | SessionError::Auth(_),
+            ) => true,
             ClientError::Rejected(RejectReason::ShuttingDown) => true,
             _ => false,
         }
+    }
+
+    /// The operation in flight may have reached the server although no acknowledgement of it
+    /// could be trusted: a message from the server failed authentication (forged on the path,
+    /// replayed or corrupted). A new session is safe; sending the operation again is not, since
+    /// the server may already have it.
+    ///
+    /// ```
+    /// use secure_rdma::client::ClientError;
+    /// use secure_rdma::protect::AuthError;
+    /// use secure_rdma::session::SessionError;
+    ///
+    /// let forged = ClientError::Session(SessionError::Auth(AuthError::Truncated(13)));
+    /// assert!(forged.is_session_lost() && forged.delivery_unknown());
+    /// ```
+    pub fn delivery_unknown(&self) -> bool {
+        matches!(self, ClientError::Session(SessionError::Auth(_)))
     }
 }
 

@@ -1093,3 +1093,143 @@ fn protected_blind_ten_thousand_psn_guesses_deliver_nothing() {
     assert!(delta(&b.deltas_a, "duplicate_request") >= 2 * u64::from(GUESSES) / 5);
     assert!(b.session.victim.quit_ok());
 }
+
+// ------------------------------------------------------------------ the acknowledgement direction
+
+/// The attacker on the server's link: a frame sent out of `veth-a` reaches `rxe-b` (the
+/// client) exactly like `rxe-a`'s own, as `veth-b` does for the other direction.
+const SERVER_LINK: &str = "veth-a";
+/// What the forged acknowledgement claims the server received for the client's second send.
+const FORGED_ACK_BYTES: u32 = 1_000_000;
+
+/// The server's acknowledgement of the client's second send, as a forger writes it: the
+/// streaming data path's 13-byte record (`Ack::encode`), claiming a megabyte.
+fn forged_ack_hex() -> String {
+    let ack = secure_rdma::handshake::Ack {
+        op: secure_rdma::handshake::Op::Send,
+        seq: 2,
+        bytes: FORGED_ACK_BYTES,
+    };
+    ack.encode().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A session on the streaming data path (acknowledgements are RDMA SENDs from the server); the
+/// attacker observes the server → client flow on `veth-a` while the client makes one genuine
+/// send, then injects a forged acknowledgement at that flow's next PSN. Returns the session,
+/// what rdma-inject did and the client's first (genuine) acknowledgement.
+fn forged_ack_attack(port: u16, flags: Flags<'_>) -> (Session, InjectReport, String) {
+    let mut session = Session::start(port, flags);
+    let record = forged_ack_hex();
+    let injector = Injector::start(&[
+        "--observe",
+        SERVER_LINK,
+        "--dst",
+        ADDR_B,
+        "--timeout",
+        "150",
+        "--send-hex",
+        &record,
+    ]);
+    let first = session.victim.op("send first genuine send");
+    let report = injector.finish();
+    // rdma-inject aimed at the client's QP, in the server → client direction.
+    let wiring = session
+        .server
+        .events("RDMA wiring")
+        .pop()
+        .expect("RDMA wiring event (debug)");
+    let client_qpn = hex(&wiring["peer_qpn"]);
+    assert_eq!(report.injected.len(), 1, "{report:?}");
+    assert_eq!(report.injected[0]["opcode"], "RC SEND Only");
+    assert_eq!(report.injected[0]["dst_qpn"].as_u64(), Some(client_qpn));
+    assert_eq!(report.summary["flow"]["src_ip"], ADDR_A);
+    assert_eq!(report.summary["flow"]["dst_ip"], ADDR_B);
+    (session, report, first)
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn baseline_forged_acknowledgement_is_believed_by_the_client() {
+    let flags = Flags {
+        server: BASELINE.server,
+        client: &["--no-payload-protection", "--rdma-acks"],
+    };
+    let (mut s, _report, first) = forged_ack_attack(4568, flags);
+    assert_eq!(first, "server acknowledged send #1: 18 bytes");
+    // The forgery took the PSN of the server's real acknowledgement of send #2: the client
+    // reads the forged record as the server's word, and rxe-b drops the real one as a
+    // duplicate. The third acknowledgement is genuine again.
+    let second = s.victim.op("send second genuine send");
+    let third = s.victim.op("send third genuine send");
+    let delivered = s.delivered("SEND received");
+    eprintln!(
+        "baseline forged ack: client printed {second:?} then {third:?}; server got {delivered:?}"
+    );
+    assert_eq!(
+        second,
+        format!("server acknowledged send #2: {FORGED_ACK_BYTES} bytes"),
+        "{}",
+        s.context()
+    );
+    assert_eq!(third, "server acknowledged send #3: 18 bytes");
+    // What the server really received for #2: 19 bytes, not a megabyte.
+    assert_eq!(
+        delivered,
+        [
+            (VICTIM.to_owned(), 1, "first genuine send".to_owned()),
+            (VICTIM.to_owned(), 2, "second genuine send".to_owned()),
+            (VICTIM.to_owned(), 3, "third genuine send".to_owned()),
+        ]
+    );
+    assert!(s.victim.quit_ok());
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn protected_forged_acknowledgement_fails_authentication_and_nothing_is_sent_twice() {
+    let flags = Flags {
+        server: PROTECTED.server,
+        client: &["--reconnect-attempts", "20", "--rdma-acks"],
+    };
+    let (mut s, _report, first) = forged_ack_attack(4569, flags);
+    assert_eq!(first, "server acknowledged send #1: 18 bytes");
+    // The forged record does not open under the server's payload key: the client drops the
+    // session and opens a new one, and, since the server may already have the command (it
+    // does), does not send it again.
+    s.victim.command("send second genuine send");
+    s.victim.err.wait_for("the client noticing", 1, STEP, |l| {
+        l.contains("session lost") && l.contains("failed authentication")
+    });
+    s.victim.err.wait_for("no resend", 1, STEP, |l| {
+        l.contains("may have reached the server: not sent again")
+    });
+    s.victim
+        .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+    let third = s.victim.op("send third genuine send");
+    assert_eq!(third, "server acknowledged send #1: 18 bytes");
+    let delivered: Vec<String> = s
+        .delivered("SEND received")
+        .into_iter()
+        .map(|d| d.2)
+        .collect();
+    let acks = s.victim.acks();
+    eprintln!("protected forged ack: client acks {acks:?}; server got {delivered:?}");
+    assert!(
+        !acks
+            .iter()
+            .any(|a| a.contains(&FORGED_ACK_BYTES.to_string())),
+        "{acks:?}"
+    );
+    // Every genuine send arrived exactly once.
+    assert_eq!(
+        delivered,
+        [
+            "first genuine send",
+            "second genuine send",
+            "third genuine send"
+        ]
+    );
+    // One command's fate was unknown to the client: its exit status says so (8, protocol).
+    let status = s.victim.quit_status();
+    assert_eq!(status.code(), Some(8), "{status}");
+}
