@@ -55,6 +55,14 @@ def main() -> int:
         lines.append(f"| &nbsp;&nbsp;of which {phase.replace('_', ' ')} | {fmt(p)} | |")
     lines.append("")
 
+    rp = med("rping", "process", 64, "none", "ms")
+    sp = med("secure-rdma", "process", 64, "protected", "ms")
+    if rp is not None or sp is not None:
+        lines += ["### A process per connection (start, connect, one 64-byte message, exit), ms", "",
+                  "| | ms per process | vs rping |", "|---|---:|---:|",
+                  f"| rping -c -C 1 (rdma_cm connect, 1 ping) | {fmt(rp, 0)} | 1.00x |",
+                  f"| secure-client -e 'send …' -e quit (release) | {fmt(sp, 0)} | {ratio(sp, rp)} |", ""]
+
     for op, ref in [("send", "ib_send_lat"), ("write", "ib_write_lat")]:
         lines += [f"### {op.upper()} latency (half a ping-pong, busy polling), µs", "",
                   f"{ref}'s pong carries SIZE bytes back; ours is the server's 13-byte acknowledgement "

@@ -6,6 +6,8 @@
 # ROUNDS rounds, each of them interleaving, so that drift of the emulated machine
 # hits every tool alike:
 #   setup      cmtime -c N (rdma_cm, in-process)  vs  secure-client bench connect -n N
+#   process    rping -c -C 1 (a process: rdma_cm connect + 1 ping)  vs  secure-client
+#              -e 'send ping' -e quit (a process: TLS, RDMA setup, 1 send acknowledged)
 #   latency    ib_send_lat / ib_write_lat -s SIZE  vs  bench send / bench write -s SIZE
 #              (half a ping-pong, both ends busy polling; ours with payload
 #              protection on and off)
@@ -71,16 +73,16 @@ chmod 755 "$WORK"
 "$BIN/secure-server" certs client bench --dir "$WORK/pki" >/dev/null
 
 if [ "$QUICK" = 1 ]; then
-    ROUNDS=1 HOLD=0 CONNS=5
+    ROUNDS=1 HOLD=0 CONNS=5 PROCS=2
     SIZES="64:200 65536:50"
 else
-    CONNS=20
+    CONNS=20 PROCS=5
     SIZES="64:1000 4096:1000 65536:200 1048576:50"
 fi
 
 cat >"$WORK/inside.sh" <<'INNER'
 set -euo pipefail
-# Variables come from the environment: BIN DEV WORK ROUNDS HOLD CONNS SIZES
+# Variables come from the environment: BIN DEV WORK ROUNDS HOLD CONNS PROCS SIZES
 RAW=$WORK/raw.csv
 echo "round,tool,op,size,protection,metric,value,unit" >"$RAW"
 row() { echo "$1,$2,$3,$4,$5,$6,$7,$8" >>"$RAW"; }
@@ -125,6 +127,27 @@ cmtime_total() {
     awk -F: '/^(create id|resolve addr|resolve route|create qp|connect) *:/ { split($2, f, " "); t += f[4] } END { print t }' "$WORK/cm.cli"
 }
 
+# One process per connection, as a user runs it: PROCS runs of rping's client against a
+# persistent rping server, then PROCS runs of secure-client; prints the median ms of each.
+# (rping -s -P serves one client at a time, forever.)
+RPING_PORT=18599
+process_ms() { # what...
+    local times=() t0 t1
+    for _ in $(seq "$PROCS"); do
+        t0=$(date +%s%N)
+        "$@" >/dev/null 2>"$WORK/proc.err" || { cat "$WORK/proc.err" >&2; return 1; }
+        t1=$(date +%s%N)
+        times+=($(( (t1 - t0) / 1000000 )))
+    done
+    printf '%s\n' "${times[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+}
+timeout 3600 rping -s -P -a 10.77.0.1 -p $RPING_PORT >"$WORK/rping.srv" 2>&1 &
+RPING=$!
+for _ in $(seq 100); do
+    rdma resource show cm_id 2>/dev/null | grep -q "LISTEN.*src-port $RPING_PORT" && break
+    sleep 0.1
+done
+
 # The data-path server: buffers up to 1 MiB, busy polling like perftest.
 "$BIN/secure-server" --listen 10.77.0.1:4800 --certs "$WORK/pki" --max-clients 16 \
     --buffer-size 1048576 --allow-unprotected --poll busy >"$WORK/server.log" 2>&1 &
@@ -149,6 +172,9 @@ for r in $(seq "$ROUNDS"); do
     for phase in tcp_tls admission rdma_setup confirmation; do
         row "$r" secure-rdma "connect:$phase" 0 protected per_connection_us "$(jq ".phases_us.$phase.mean" <<<"$j")" us
     done
+    row "$r" rping process 64 none ms "$(process_ms timeout 60 rping -c -a 10.77.0.1 -p $RPING_PORT -C 1 -S 64)" ms
+    row "$r" secure-rdma process 64 protected ms \
+        "$(process_ms "${CLIENT[@]/4800/4801}" -e "send $(printf 'p%.0s' $(seq 64))" -e quit)" ms
     for si in $SIZES; do
         size=${si%%:*} iters=${si##*:}
         line=$(perftest ib_send_lat "$size" "$iters"); set -- $line
@@ -188,6 +214,7 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 kill -INT $SERVER; wait $SERVER || true
+kill $RPING 2>/dev/null; wait $RPING 2>/dev/null || true
 
 if [ "$HOLD" -gt 0 ]; then
     echo "bench: holding $HOLD sessions" >&2
@@ -214,9 +241,9 @@ kill -INT $HS; wait $HS || true
 INNER
 
 echo "bench.sh: $ROUNDS round(s) in the VM" >&2
-BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD CONNS=$CONNS SIZES=$SIZES \
-    bash "$ROOT/scripts/softroce-vm.sh" \
-    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD CONNS=$CONNS SIZES='$SIZES' bash $WORK/inside.sh"
+# The variables travel in the command line (env ...): the VM starts from a clean environment.
+bash "$ROOT/scripts/softroce-vm.sh" \
+    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
 python3 "$ROOT/scripts/bench-report.py" "$OUT/raw.csv" "$OUT"
 echo "bench.sh: $OUT/raw.csv, $OUT/table.md, $OUT/plot.svg" >&2
