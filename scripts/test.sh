@@ -121,8 +121,9 @@ if [ "$host_rc" != 0 ] && [ "$HOST_FAIL" = 0 ]; then HOST_FAIL=1; fi
 VM_PASS=0 VM_FAIL=0 vm_rc=0
 if [ "$HOST_ONLY" = 0 ]; then
     stage "build the lab suite"
-    # --lib builds librdma_intercept.so (a cdylib) for the LD_PRELOAD tests.
-    cargo build --workspace --bins --lib --locked
+    # --lib builds librdma_intercept.so (a cdylib) for the LD_PRELOAD tests; --examples the
+    # secure-rdma examples that examples_lab runs.
+    cargo build --workspace --bins --lib --examples --locked
     mapfile -t VM_TESTS < <(cargo test -p secure-rdma-tests --no-run --locked --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for line in sys.stdin:
