@@ -44,9 +44,10 @@ stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
 # ------------------------------------------------------------------ install
 # Build dependencies: cmake + clang/libclang for rdma-mummy-sys (bindgen),
 # clang/llvm/libbpf/bpftool for the eBPF programs, shellcheck for scripts, nftables for
-# setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it).
+# setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it),
+# tmux for terminal_lab (secure-client's prompt driven with send-keys).
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
-            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables)
+            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables tmux)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()
