@@ -44,9 +44,10 @@ stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
 # ------------------------------------------------------------------ install
 # Build dependencies: cmake + clang/libclang for rdma-mummy-sys (bindgen),
 # clang/llvm/libbpf/bpftool for the eBPF programs, shellcheck for scripts, nftables for
-# setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it).
+# setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it),
+# tmux for terminal_lab (secure-client's prompt driven with send-keys).
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
-            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables)
+            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables tmux)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()
@@ -121,8 +122,9 @@ if [ "$host_rc" != 0 ] && [ "$HOST_FAIL" = 0 ]; then HOST_FAIL=1; fi
 VM_PASS=0 VM_FAIL=0 vm_rc=0
 if [ "$HOST_ONLY" = 0 ]; then
     stage "build the lab suite"
-    # --lib builds librdma_intercept.so (a cdylib) for the LD_PRELOAD tests.
-    cargo build --workspace --bins --lib --locked
+    # --lib builds librdma_intercept.so (a cdylib) for the LD_PRELOAD tests; --examples the
+    # secure-rdma examples that examples_lab runs.
+    cargo build --workspace --bins --lib --examples --locked
     mapfile -t VM_TESTS < <(cargo test -p secure-rdma-tests --no-run --locked --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for line in sys.stdin:

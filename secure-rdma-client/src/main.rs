@@ -2,6 +2,7 @@
 //! lives in `secure_rdma::client`.
 
 mod bench;
+mod prompt;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -13,7 +14,9 @@ use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::client::{
     connect_with_retry, Backoff, Client, ClientConfig, ClientError, Connector,
 };
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines, Stdin};
+
+use prompt::{InputError, Prompt};
 
 /// Secure RDMA client.
 ///
@@ -26,8 +29,12 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 ///   help             list the commands
 ///   quit             close the connection
 ///
-/// Commands come from --exec (repeatable), else from stdin (a prompt when it
-/// is a terminal). Each acknowledgement from the server is printed.
+/// Commands come from --exec (repeatable), else from stdin. On a terminal the
+/// prompt edits lines (Emacs keys), recalls history (Up/Down, Ctrl-R; kept in
+/// $XDG_STATE_HOME/secure-rdma/client_history, else
+/// ~/.local/state/secure-rdma/client_history) and completes commands (Tab);
+/// Ctrl-C clears the line, Ctrl-D quits. Each acknowledgement from the server
+/// is printed.
 ///
 /// `secure-client HOST bench connect|send|write|hold ...` measures instead
 /// (see `secure-client HOST bench --help`).
@@ -208,12 +215,12 @@ async fn run(cli: Cli) -> i32 {
     };
 
     let interactive = cli.exec.is_empty() && std::io::stdin().is_terminal();
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut input = Input::new(interactive);
     let mut execs = cli.exec.iter();
     let mut stdout = tokio::io::stdout();
     let mut status = 0;
     loop {
-        if interactive {
+        if let Input::Lines { prompt: true, .. } = input {
             let _ = stdout.write_all(b"secure-client> ").await;
             let _ = stdout.flush().await;
         }
@@ -221,7 +228,7 @@ async fn run(cli: Cli) -> i32 {
         // message, shutdown, idle timeout) is noticed now, not at the next command.
         let next = if cli.exec.is_empty() {
             tokio::select! {
-                line = lines.next_line() => Next::Line(line),
+                line = input.next_line() => Next::Line(line),
                 closed = client.closed() => Next::Closed(closed),
             }
         } else {
@@ -235,7 +242,7 @@ async fn run(cli: Cli) -> i32 {
             Next::Line(Ok(Some(l))) => l,
             Next::Line(Ok(None)) => break,
             Next::Line(Err(e)) => {
-                eprintln!("secure-client: reading stdin: {e}");
+                eprintln!("secure-client: {e}");
                 status = 1;
                 break;
             }
@@ -359,9 +366,53 @@ async fn run_bench(cfg: ClientConfig, b: &bench::BenchArgs) -> i32 {
     }
 }
 
+/// Where commands come from when there is no --exec.
+enum Input {
+    /// Standard input line by line: a pipe or file, or a terminal without the line editor.
+    Lines {
+        lines: Lines<BufReader<Stdin>>,
+        /// Write a plain prompt first (a terminal whose editor could not start).
+        prompt: bool,
+    },
+    /// The line editor on a terminal.
+    Terminal(Prompt),
+}
+
+impl Input {
+    /// The line editor when stdin is a terminal, else stdin exactly as it is read without one.
+    fn new(terminal: bool) -> Input {
+        let lines = || BufReader::new(tokio::io::stdin()).lines();
+        if !terminal {
+            return Input::Lines {
+                lines: lines(),
+                prompt: false,
+            };
+        }
+        match Prompt::start(prompt::history_path()) {
+            Ok(p) => Input::Terminal(p),
+            Err(e) => {
+                // Still usable without editing: the plain prompt of a pipe.
+                eprintln!("secure-client: warning: no line editing: {e}");
+                Input::Lines {
+                    lines: lines(),
+                    prompt: true,
+                }
+            }
+        }
+    }
+
+    /// The next line; `None` at the end. Cancel-safe, so it can race the session's end.
+    async fn next_line(&mut self) -> Result<Option<String>, InputError> {
+        match self {
+            Input::Lines { lines, .. } => lines.next_line().await.map_err(InputError::Stdin),
+            Input::Terminal(p) => p.next_line().await,
+        }
+    }
+}
+
 /// What the prompt loop waits for.
 enum Next {
-    Line(std::io::Result<Option<String>>),
+    Line(Result<Option<String>, InputError>),
     Closed(Result<Option<secure_rdma::handshake::AbortReason>, ClientError>),
 }
 

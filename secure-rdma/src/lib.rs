@@ -20,6 +20,8 @@
 //! - [`session`]: one connection's RDMA resources, connected and confirmed.
 //! - [`server`]: the multi-client server: admission, then one session per
 //!   client.
+//!   - [`server::handler`]: what the application receives, each SEND and
+//!     WRITE handed to its handler (a bounded channel, a closure).
 //! - [`client`]: the client: connect, `send`, `write`, `quit`.
 //! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
 //! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).

@@ -7,6 +7,9 @@
 //! the reason over TLS. Each admitted client gets its own PD, CQs, MRs and QP
 //! in its own tokio task; a disconnect, a crash of the client, an idle
 //! timeout or server shutdown drops them all.
+//!
+//! What clients send is logged, or handed to the application's
+//! [`Handler`] ([`Server::with_handler`], module [`handler`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -27,11 +30,13 @@ use crate::handshake::{
 use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
 use crate::ratelimit::LogLimiter;
-use crate::session::{
-    Arrival, Secrets, Session, SessionAdmission, SessionConfig, SessionError, Tokens,
-};
+use crate::session::{Secrets, Session, SessionAdmission, SessionConfig, SessionError, Tokens};
 use crate::tls::{self, Side};
 use crate::verbs::{Availability, Device, GidEntry, GidSelector, Poll, VerbsError};
+
+pub mod handler;
+use handler::DynHandler;
+pub use handler::{handler_fn, Delivery, Handler, HandlerError, HandlerFn, Peer};
 
 /// Server settings (the `secure-server` flags).
 #[derive(Debug, Clone)]
@@ -79,6 +84,45 @@ pub struct ServerConfig {
     /// no CPU while idle) or busy polling (the lowest latency, a core per
     /// busy session: for dedicated hosts and benchmarks).
     pub poll: Poll,
+}
+
+impl ServerConfig {
+    /// `secure-server`'s defaults: listen on `listen`, the certificates of
+    /// `certs` (`ca.pem`, `server.pem`, `server.key`, `crl.pem` if clients
+    /// were revoked), 10 clients, 4096-byte buffers, 10-second handshakes,
+    /// 5-minute idle timeout, payload protection required, no quotas.
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig {
+    ///     max_clients: 100,
+    ///     ..ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    /// };
+    /// assert_eq!(config.ca, std::path::Path::new("certs/ca.pem"));
+    /// ```
+    pub fn new(listen: SocketAddr, certs: &std::path::Path) -> ServerConfig {
+        let server = crate::certs::server_paths(certs);
+        ServerConfig {
+            listen,
+            max_clients: 10,
+            device: None,
+            gid_index: None,
+            buffer_size: 4096,
+            ca: crate::certs::ca_paths(certs).cert,
+            cert: server.cert,
+            key: server.key,
+            crl: Some(crate::certs::crl_path(certs)),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            quotas: None,
+            protection: ProtectionPolicy::default(),
+            allow_gid_mismatch: false,
+            auth_failures: AuthFailures::default(),
+            limits: Limits::default(),
+            poll: Poll::default(),
+        }
+    }
 }
 
 /// Operations a client on the streaming data path ([`RDMA_ACKS`]) may have
@@ -308,12 +352,15 @@ struct Shared {
     sessions_by_identity: KeyCounts<String>,
     /// This process's cgroup v2 id (0 if unknown), for quota registrations.
     cgroup_id: u64,
+    /// Where arrivals go; `None` logs them.
+    handler: Option<Box<dyn DynHandler>>,
 }
 
 /// A bound, not yet running server.
 pub struct Server {
     listener: TcpListener,
-    shared: Arc<Shared>,
+    /// Shared with the client tasks once [`Server::run`] starts them.
+    shared: Shared,
 }
 
 /// How a run ended.
@@ -436,11 +483,37 @@ impl Server {
                 crl_stamp,
             }),
             config,
+            handler: None,
         };
-        Ok(Server {
-            listener,
-            shared: Arc::new(shared),
-        })
+        Ok(Server { listener, shared })
+    }
+
+    /// Hands what clients send to `handler` instead of logging it: each
+    /// SEND and WRITE, authenticated and decrypted, as a [`Delivery`] naming
+    /// its client. A client's acknowledgement waits until the handler has
+    /// taken the delivery, so a slow application slows its clients down
+    /// instead of queueing without bound (see [`handler`]).
+    ///
+    /// ```no_run
+    /// use secure_rdma::server::{Server, ServerConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let server = Server::bind(ServerConfig::new("0.0.0.0:4433".parse()?, "certs".as_ref())).await?;
+    /// // At most 64 deliveries wait for the loop below; then the sessions wait.
+    /// let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    /// let serving = tokio::spawn(server.with_handler(tx).run(async {
+    ///     let _ = tokio::signal::ctrl_c().await;
+    /// }));
+    /// // Ends when the server has stopped (it held the only sender).
+    /// while let Some(d) = rx.recv().await {
+    ///     println!("{}: {}", d.identity(), String::from_utf8_lossy(d.data()));
+    /// }
+    /// serving.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_handler(mut self, handler: impl Handler) -> Server {
+        self.shared.handler = Some(Box::new(handler));
+        self
     }
 
     /// The bound address.
@@ -464,6 +537,7 @@ impl Server {
     /// ```
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Summary {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let shared = Arc::new(self.shared);
         let mut tasks = JoinSet::new();
         let mut summary = Summary {
             served: 0,
@@ -487,9 +561,9 @@ impl Server {
                 accepted = self.listener.accept(), if !paused => match accepted {
                     Ok((conn, peer)) => {
                         pause_for = MIN_PAUSE;
-                        match Pending::take(&self.shared, peer.ip()) {
+                        match Pending::take(&shared, peer.ip()) {
                             Ok(pending) => {
-                                let shared = Arc::clone(&self.shared);
+                                let shared = Arc::clone(&shared);
                                 let stop = stop_rx.clone();
                                 tasks.spawn(serve(conn, peer, shared, stop, pending));
                             }
@@ -747,7 +821,7 @@ async fn serve(
         // Admitted or not, this connection is no longer pending.
         drop(pending);
         match admitted {
-            Ok(admitted) => serve_session(admitted, &shared, stop).await,
+            Ok(admitted) => serve_session(admitted, peer, &shared, stop).await,
             Err(outcome) => outcome,
         }
     }
@@ -932,6 +1006,7 @@ async fn admit(
 /// client held is freed, RDMA resources first.
 async fn serve_session(
     admitted: Admitted,
+    peer: SocketAddr,
     shared: &Shared,
     mut stop: watch::Receiver<bool>,
 ) -> Outcome {
@@ -987,6 +1062,10 @@ async fn serve_session(
     // At info, a bounded preview of what arrived, at most 20 lines at once and 10 a second per
     // client: one client cannot flood the log (the full content is at debug).
     let mut content_log = LogLimiter::new(20, Duration::from_millis(100));
+    let peer = Arc::new(Peer {
+        identity: identity.clone(),
+        address: peer,
+    });
     let mut seq = 0u64;
     let reason = loop {
         tokio::select! {
@@ -999,9 +1078,8 @@ async fn serve_session(
                 Err(e) => break format!("disconnected: {e}"),
             },
             arrival = session.arrival() => {
-                let (op, data) = match arrival {
-                    Ok(Arrival::Send(d)) => (Op::Send, d),
-                    Ok(Arrival::Write(d)) => (Op::Write, d),
+                let arrival = match arrival {
+                    Ok(a) => a,
                     Err(SessionError::Auth(e)) => {
                         // Nothing of the message was delivered. The QP consumed a PSN the
                         // client never sent, so its next message would be dropped as a
@@ -1020,8 +1098,30 @@ async fn serve_session(
                     Err(e) => break format!("RDMA error: {e}"),
                 };
                 seq += 1;
-                log_arrival(&identity, op, seq, &data, &mut content_log);
-                let bytes = u32::try_from(data.len()).unwrap_or(u32::MAX);
+                let op = arrival.op();
+                let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);
+                match &shared.handler {
+                    None => log_arrival(&identity, op, seq, arrival.data(), &mut content_log),
+                    Some(handler) => {
+                        // The content is the application's now: only its size is logged.
+                        tracing::debug!(client = %identity, seq, bytes, %op, "handing the arrival to the application");
+                        let delivery = Delivery { peer: Arc::clone(&peer), seq, arrival };
+                        // Acknowledged only once the application has it (a full channel holds
+                        // the client back here); shutdown still wins over a handler that waits.
+                        let handled = tokio::select! {
+                            handled = handler.handle_boxed(delivery) => handled,
+                            _ = stop.changed() => {
+                                let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                                break "server shutdown".to_owned();
+                            }
+                        };
+                        if let Err(e) = handled {
+                            tracing::warn!(client = %identity, seq, error = %e, "the application did not take an arrival; ending the session unacknowledged");
+                            let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                            break format!("{e}");
+                        }
+                    }
+                }
                 if rdma_acks {
                     // The streaming data path: the acknowledgement is the client's credit back,
                     // SENT over RDMA (sealed like a payload). Posted without waiting: the send
