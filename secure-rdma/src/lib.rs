@@ -20,6 +20,8 @@
 //! - [`session`]: one connection's RDMA resources, connected and confirmed.
 //! - [`server`]: the multi-client server: admission, then one session per
 //!   client.
+//! - [`metrics`]: the server's counters and histograms (sessions, handshakes,
+//!   refusals, traffic per tenant), for an exporter to register.
 //! - [`client`]: the client: connect, `send`, `write`, `quit`.
 //! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
 //! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
@@ -32,6 +34,7 @@
 pub mod certs;
 pub mod client;
 pub mod handshake;
+pub mod metrics;
 pub mod protect;
 pub mod psn;
 pub use rdma_quota as quota;
