@@ -45,9 +45,12 @@ stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
 # Build dependencies: cmake + clang/libclang for rdma-mummy-sys (bindgen),
 # clang/llvm/libbpf/bpftool for the eBPF programs, shellcheck for scripts, nftables for
 # setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it),
-# tmux for terminal_lab (secure-client's prompt driven with send-keys).
+# tmux for terminal_lab (secure-client's prompt driven with send-keys); prometheus for promtool
+# (host tests check the metrics and docs/monitoring) and the Prometheus server that
+# tests/tests/metrics_lab.rs runs in the VM.
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
-            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables tmux)
+            libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables tmux
+            prometheus)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()

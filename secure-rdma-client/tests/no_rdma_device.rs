@@ -35,6 +35,7 @@ async fn a_server_without_rdma_refuses_with_the_fix_and_exit_code_3() {
         protection: Default::default(),
         allow_gid_mismatch: false,
         auth_failures: Default::default(),
+        metrics: Default::default(),
         limits: Default::default(),
         poll: Default::default(),
     })

@@ -33,6 +33,7 @@ mod telemetry {
         _: Duration,
         _: Option<SocketAddr>,
         _: secure_rdma::server::AuthFailures,
+        _: secure_rdma::metrics::ServerMetrics,
     ) -> anyhow::Result<()> {
         anyhow::bail!(
             "--telemetry and --metrics need the `telemetry` feature, which this secure-server \
@@ -428,6 +429,7 @@ async fn serve(flags: Opts) -> Result<()> {
         allow_gid_mismatch,
         limits,
         auth_failures: AuthFailures::default(),
+        metrics: Default::default(),
         poll: flags.poll.or(file.poll).unwrap_or_default(),
     };
     if config.protection.ciphers.is_empty() {
@@ -447,7 +449,14 @@ async fn serve(flags: Opts) -> Result<()> {
                 .unwrap_or(10)
                 .max(1),
         );
-        telemetry::start(quotas, every, metrics, config.auth_failures.clone()).await?;
+        telemetry::start(
+            quotas,
+            every,
+            metrics,
+            config.auth_failures.clone(),
+            config.metrics.clone(),
+        )
+        .await?;
     }
     let max = config.max_clients;
     let srv = Server::bind(config).await?;

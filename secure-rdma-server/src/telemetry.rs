@@ -2,22 +2,32 @@
 //! server's own counts when eBPF is not available. Wiring only.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
+use secure_rdma::metrics::ServerMetrics;
 use secure_rdma::quota::Quotas;
 use secure_rdma::server::AuthFailures;
 use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
-use telemetry_ebpf::report::{self, Sampler};
+use telemetry_ebpf::report::{self, BuildInfo, Sampler, Snapshot};
 use tokio::sync::watch;
 
+/// The `secure_server_build_info` metric.
+pub const BUILD: BuildInfo = BuildInfo {
+    exporter: "secure_server",
+    version: env!("CARGO_PKG_VERSION"),
+};
+
 /// Starts the probes (when it can) and a task logging one report per `every`;
-/// serves Prometheus metrics at `metrics` if given.
+/// serves Prometheus metrics at `metrics` if given: the build info, the
+/// server's own counts (current at each scrape) and the latest report.
 pub async fn start(
     quotas: Quotas,
     every: Duration,
     metrics: Option<SocketAddr>,
     auth_failures: AuthFailures,
+    server_metrics: ServerMetrics,
 ) -> Result<()> {
     let options = MonitorOptions {
         events: false,
@@ -42,9 +52,15 @@ pub async fn start(
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} for --metrics"))?;
-            let (tx, rx) = watch::channel(String::new());
+            let (tx, latest) = watch::channel(None::<Arc<Snapshot>>);
             tracing::info!(addr = %listener.local_addr()?, "telemetry: Prometheus metrics at /metrics");
-            tokio::spawn(report::serve_metrics(listener, rx));
+            // Rendered per scrape: sessions and handshakes change between reports.
+            tokio::spawn(report::serve_metrics_with(listener, move || {
+                let snapshot = latest.borrow().clone();
+                report::render_exposition(snapshot.as_deref(), &BUILD, |registry| {
+                    server_metrics.register(registry)
+                })
+            }));
             Some(tx)
         }
         None => None,
@@ -82,7 +98,7 @@ pub async fn start(
                 "telemetry"
             );
             if let Some(tx) = &tx {
-                tx.send_replace(report::render_prometheus(&snapshot));
+                tx.send_replace(Some(Arc::new(snapshot)));
             }
         }
     });

@@ -22,6 +22,8 @@
 //!   client.
 //!   - [`server::handler`]: what the application receives, each SEND and
 //!     WRITE handed to its handler (a bounded channel, a closure).
+//! - [`metrics`]: the server's counters and histograms (sessions, handshakes,
+//!   refusals, traffic per tenant), for an exporter to register.
 //! - [`client`]: the client: connect, `send`, `write`, `quit`.
 //! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
 //! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
@@ -34,6 +36,7 @@
 pub mod certs;
 pub mod client;
 pub mod handshake;
+pub mod metrics;
 pub mod protect;
 pub mod psn;
 pub use rdma_quota as quota;

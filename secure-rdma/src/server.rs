@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -27,6 +27,7 @@ use crate::handshake::{
     AbortReason, Ack, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, RDMA_ACKS,
     VERSION,
 };
+use crate::metrics::{self, HandshakeOutcome, ServerMetrics, TimedVerb};
 use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
 use crate::ratelimit::LogLimiter;
@@ -78,6 +79,9 @@ pub struct ServerConfig {
     /// Counts of messages that failed authentication, per identity. Keep a
     /// clone to read them (telemetry, metrics).
     pub auth_failures: AuthFailures,
+    /// Sessions, handshakes, refusals, traffic per tenant and RDMA step
+    /// durations. Keep a clone to register them with an exporter.
+    pub metrics: ServerMetrics,
     /// Limits that keep one peer from taking the server down.
     pub limits: Limits,
     /// How sessions wait for RDMA completions: event-driven (the default,
@@ -121,6 +125,7 @@ impl ServerConfig {
             auth_failures: AuthFailures::default(),
             limits: Limits::default(),
             poll: Poll::default(),
+            metrics: crate::metrics::ServerMetrics::default(),
         }
     }
 }
@@ -397,6 +402,7 @@ impl Server {
     ///     protection: Default::default(), // AEAD on every payload, unprotected clients refused
     ///     allow_gid_mismatch: false,
     ///     auth_failures: Default::default(),
+    ///     metrics: Default::default(),
     ///     limits: Default::default(),
     ///     poll: Default::default(), // event-driven completions
     /// })
@@ -570,6 +576,7 @@ impl Server {
                             Err(why) => {
                                 // Closed before TLS: it costs nothing but this descriptor, now freed.
                                 drop(conn);
+                                shared.config.metrics.rejected(metrics::PENDING_LIMIT);
                                 if let Some(suppressed) = refused_log.check() {
                                     tracing::warn!(%peer, suppressed, "connection closed at accept: {why}");
                                 }
@@ -771,11 +778,17 @@ async fn serve(
     pending: Pending,
 ) -> Outcome {
     let cfg = &shared.config;
+    // The handshake's duration counts from here: TLS, admission and RDMA setup.
+    let accepted = Instant::now();
+    let failed = |outcome: HandshakeOutcome| {
+        cfg.metrics.handshake(outcome);
+        Outcome::Failed
+    };
     let local_ip = match conn.local_addr() {
         Ok(a) => a.ip(),
         Err(e) => {
             tracing::warn!(%peer, error = %e, "connection lost before TLS");
-            return Outcome::Failed;
+            return failed(HandshakeOutcome::Failed);
         }
     };
     let _ = conn.set_nodelay(true);
@@ -784,11 +797,11 @@ async fn serve(
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             tracing::warn!(%peer, error = %e, "TLS handshake failed: client refused");
-            return Outcome::Failed;
+            return failed(HandshakeOutcome::TlsFailed);
         }
         Err(_) => {
             tracing::warn!(%peer, "TLS handshake timed out");
-            return Outcome::Failed;
+            return failed(HandshakeOutcome::TimedOut);
         }
     };
     let conn_state = &tls.get_ref().1;
@@ -796,7 +809,7 @@ async fn serve(
         Ok(id) => id,
         Err(e) => {
             tracing::warn!(%peer, error = %e, "client refused");
-            return Outcome::Failed;
+            return failed(HandshakeOutcome::TlsFailed);
         }
     };
     let tokens = match (
@@ -809,7 +822,7 @@ async fn serve(
         },
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(client = %identity, error = %e, "TLS exporter failed");
-            return Outcome::Failed;
+            return failed(HandshakeOutcome::Failed);
         }
     };
     let chan = Channel::new(tls);
@@ -821,7 +834,7 @@ async fn serve(
         // Admitted or not, this connection is no longer pending.
         drop(pending);
         match admitted {
-            Ok(admitted) => serve_session(admitted, peer, &shared, stop).await,
+            Ok(admitted) => serve_session(admitted, peer, &shared, stop, accepted).await,
             Err(outcome) => outcome,
         }
     }
@@ -877,23 +890,25 @@ async fn admit(
                 server: VERSION,
                 client: hello.version,
             };
-            return Err(reject(&mut chan, reason).await);
+            return Err(reject(&cfg.metrics, &mut chan, reason).await);
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "no hello; closing");
+            cfg.metrics.handshake(HandshakeOutcome::Failed);
             return Err(Outcome::Failed);
         }
         Err(_) => {
             tracing::warn!("no hello in time");
+            cfg.metrics.handshake(HandshakeOutcome::TimedOut);
             return Err(Outcome::Failed);
         }
     };
     if *stop.borrow() {
-        return Err(reject(&mut chan, RejectReason::ShuttingDown).await);
+        return Err(reject(&cfg.metrics, &mut chan, RejectReason::ShuttingDown).await);
     }
     let cipher = match cfg.protection.choose(&hello.ciphers) {
         Ok(c) => c,
-        Err(reason) => return Err(reject(&mut chan, reason).await),
+        Err(reason) => return Err(reject(&cfg.metrics, &mut chan, reason).await),
     };
     let protection = match cipher {
         None => None,
@@ -901,6 +916,7 @@ async fn admit(
             Ok(p) => Some(p),
             Err(e) => {
                 tracing::error!(error = %e, "TLS exporter failed");
+                cfg.metrics.handshake(HandshakeOutcome::Failed);
                 return Err(Outcome::Failed);
             }
         },
@@ -908,13 +924,18 @@ async fn admit(
     // One identity cannot hold every slot.
     let identity_session = match IdentitySession::take(shared, &identity) {
         Ok(s) => s,
-        Err(reason) => return Err(reject(&mut chan, reason).await),
+        Err(reason) => return Err(reject(&cfg.metrics, &mut chan, reason).await),
     };
     // A client slot before any RDMA resource exists.
     let Ok(slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
         let max = cfg.max_clients;
         let active = max - shared.slots.available_permits();
-        return Err(reject(&mut chan, RejectReason::ServerFull { active, max }).await);
+        return Err(reject(
+            &cfg.metrics,
+            &mut chan,
+            RejectReason::ServerFull { active, max },
+        )
+        .await);
     };
     let (device, sgid) = match shared.devices.resolve(local_ip) {
         Ok(found) => found,
@@ -928,7 +949,12 @@ async fn admit(
                 availability.to_string()
             };
             tracing::error!(error = %e, "no RDMA device for this connection");
-            return Err(reject(&mut chan, RejectReason::Unavailable { detail }).await);
+            return Err(reject(
+                &cfg.metrics,
+                &mut chan,
+                RejectReason::Unavailable { detail },
+            )
+            .await);
         }
     };
     // The streaming data path: acknowledgements over RDMA, so the client may keep a window of
@@ -971,7 +997,9 @@ async fn admit(
                         "INTERCEPTED: {refusal}"
                     );
                     let detail = refusal.to_string();
-                    return Err(reject(&mut chan, RejectReason::Quota { detail }).await);
+                    return Err(
+                        reject(&cfg.metrics, &mut chan, RejectReason::Quota { detail }).await,
+                    );
                 }
             }
         }
@@ -983,6 +1011,7 @@ async fn admit(
         rdma_window: rdma_window.map(|w| w as u32),
     };
     if chan.send(&accept).await.is_err() {
+        cfg.metrics.handshake(HandshakeOutcome::Failed);
         return Err(Outcome::Failed);
     }
     Ok(Admitted {
@@ -1009,6 +1038,7 @@ async fn serve_session(
     peer: SocketAddr,
     shared: &Shared,
     mut stop: watch::Receiver<bool>,
+    accepted: Instant,
 ) -> Outcome {
     let cfg = &shared.config;
     let Admitted {
@@ -1026,13 +1056,23 @@ async fn serve_session(
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "RDMA setup failed; resources freed");
+            cfg.metrics.handshake(HandshakeOutcome::Failed);
             return Outcome::Failed;
         }
         Err(_) => {
             tracing::warn!("RDMA setup timed out; resources freed");
+            cfg.metrics.handshake(HandshakeOutcome::TimedOut);
             return Outcome::Failed;
         }
     };
+    let timing = session.timing();
+    cfg.metrics
+        .verb(device.name(), TimedVerb::QpSetup, timing.setup);
+    cfg.metrics
+        .verb(device.name(), TimedVerb::QpConfirm, timing.confirmation);
+    cfg.metrics.established(accepted.elapsed());
+    // Counted until the session's resources are freed, below.
+    let active = cfg.metrics.session_started(device.name());
     let w = *session.wiring();
     // QPNs, rkeys and addresses help an attacker aim (ReDMArk): debug only.
     tracing::debug!(
@@ -1085,6 +1125,7 @@ async fn serve_session(
                         // client never sent, so its next message would be dropped as a
                         // duplicate: end the session and tell the client why.
                         cfg.auth_failures.record(&identity);
+                        cfg.metrics.auth_failure(&identity);
                         tracing::warn!(
                             client = %identity,
                             detail = %e,
@@ -1099,6 +1140,7 @@ async fn serve_session(
                 };
                 seq += 1;
                 let op = arrival.op();
+                cfg.metrics.received(&identity, op, arrival.data().len());
                 let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);
                 match &shared.handler {
                     None => log_arrival(&identity, op, seq, arrival.data(), &mut content_log),
@@ -1127,9 +1169,11 @@ async fn serve_session(
                     // SENT over RDMA (sealed like a payload). Posted without waiting: the send
                     // slots bound what is in flight.
                     let record = Ack { op, seq, bytes }.encode();
+                    let posting = Instant::now();
                     if let Err(e) = session.post(Op::Send, &record).await {
                         break format!("RDMA error: {e}");
                     }
+                    cfg.metrics.verb(device.name(), TimedVerb::PostSend, posting.elapsed());
                     continue;
                 }
                 let ack = Message::Ack { op, seq, bytes };
@@ -1160,6 +1204,7 @@ async fn serve_session(
         }
     };
     drop(session);
+    drop(active);
     drop(held);
     let _ = tokio::time::timeout(courtesy, chan.close()).await;
     tracing::info!(
@@ -1227,11 +1272,13 @@ pub fn preview(bytes: &[u8], max: usize) -> String {
     format!("{}… (+{} bytes)", render(&bytes[..cut]), bytes.len() - cut)
 }
 
-async fn reject<S>(chan: &mut Channel<S>, reason: RejectReason) -> Outcome
+async fn reject<S>(counts: &ServerMetrics, chan: &mut Channel<S>, reason: RejectReason) -> Outcome
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     tracing::warn!(%reason, "client rejected");
+    counts.handshake(HandshakeOutcome::Rejected);
+    counts.rejected(metrics::rejection_reason(&reason));
     // Bounded: a refused client that does not read must not keep its task.
     let courtesy = Duration::from_secs(2);
     let _ = tokio::time::timeout(courtesy, chan.send(&Message::Reject { reason })).await;

@@ -273,3 +273,120 @@ fn version_help_and_errors_follow_the_family_conventions() {
         stderr(&out)
     );
 }
+
+/// `GET /metrics` on `addr` with these extra header lines: the response head and body.
+fn scrape(addr: &str, headers: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to --metrics");
+    write!(stream, "GET /metrics HTTP/1.1\r\n{headers}\r\n").expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("head and body");
+    (head.to_owned(), body.to_owned())
+}
+
+#[test]
+fn the_metrics_endpoint_is_promtool_clean_and_speaks_openmetrics_to_prometheus() {
+    use std::io::BufRead;
+    let sysfs = fake_sysfs();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-monitor"))
+        .args([
+            "--no-ebpf",
+            "-i",
+            "0.1",
+            "--limit",
+            "QP_COUNT=4",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .arg("--hw-counters-root")
+        .arg(sysfs.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run rdma-monitor");
+    let stderr = child.stderr.take().expect("stderr");
+    // Read stderr to its end, so rdma-monitor never writes to a closed pipe, and pass on
+    // where the metrics are: "rdma-monitor: metrics at http://127.0.0.1:PORT/metrics".
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some((_, rest)) = line.split_once("metrics at http://") {
+                let _ = tx.send(rest.trim_end_matches("/metrics").to_owned());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(std::time::Duration::from_secs(30)).ok();
+    let Some(addr) = addr else {
+        let _ = child.kill();
+        panic!("rdma-monitor never said where its metrics are");
+    };
+    // The first report replaces the build info alone within an interval or two.
+    let start = std::time::Instant::now();
+    let (head, body) = loop {
+        let (head, body) = scrape(&addr, "");
+        if body.contains("rdma_limit{") || start.elapsed() > std::time::Duration::from_secs(30) {
+            break (head, body);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let (om_head, om_body) = scrape(
+        &addr,
+        "Accept: application/openmetrics-text;version=1.0.0\r\n",
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    for expected in [
+        "rdma_monitor_build_info{version=\"",
+        "rdma_limit{scope=\"global\",key=\"QP_COUNT\"} 4",
+        "rdma_verb_calls_total{verb=\"QP_CREATE\",source=\"process\"} 0",
+        "# TYPE rdma_port_hw_events_total counter",
+        "rdma_port_hw_events_total{device=\"",
+    ] {
+        assert!(body.contains(expected), "{expected:?} missing in\n{body}");
+    }
+    assert!(
+        om_head.contains("Content-Type: application/openmetrics-text"),
+        "{om_head}"
+    );
+    assert!(om_body.ends_with("# EOF\n") && om_body.contains("# TYPE rdma_verb_calls counter"));
+
+    let promtool = Command::new("promtool").arg("--version").output();
+    if !promtool.is_ok_and(|o| o.status.success()) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "promtool is missing: install Debian's `prometheus` package (scripts/test.sh does)"
+        );
+        eprintln!("promtool is missing (apt-get install prometheus): not checked");
+        return;
+    }
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool starts");
+    std::io::Write::write_all(&mut check.stdin.take().expect("stdin"), body.as_bytes())
+        .expect("promtool reads");
+    let out = check.wait_with_output().expect("promtool finishes");
+    let said = format!("{}{}", lossy(&out.stdout), lossy(&out.stderr));
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}\n{body}"
+    );
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}

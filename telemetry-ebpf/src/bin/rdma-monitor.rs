@@ -84,6 +84,12 @@ struct Args {
     log_format: LogFormat,
 }
 
+/// The `rdma_monitor_build_info` metric.
+const BUILD: report::BuildInfo = report::BuildInfo {
+    exporter: "rdma_monitor",
+    version: env!("CARGO_PKG_VERSION"),
+};
+
 /// What `rdma-monitor --help` says about how it exits.
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -183,7 +189,8 @@ async fn run(args: Args) -> Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} for --metrics"))?;
-            let (tx, rx) = watch::channel(String::new());
+            // Until the first interval ends, a scrape finds the build info alone.
+            let (tx, rx) = watch::channel(report::render_exposition(None, &BUILD, |_| {}));
             eprintln!(
                 "rdma-monitor: metrics at http://{}/metrics",
                 listener.local_addr()?
@@ -223,7 +230,7 @@ async fn run(args: Args) -> Result<()> {
                 let snapshot = take(&monitor)?;
                 emit(&snapshot, args.json, &text, false);
                 if let Some(tx) = &metrics {
-                    tx.send_replace(report::render_prometheus(&snapshot));
+                    tx.send_replace(report::render_exposition(Some(&snapshot), &BUILD, |_| {}));
                 }
                 reports += 1;
                 if args.count.is_some_and(|n| reports >= n) {

@@ -1,4 +1,8 @@
 //! A minimal HTTP/1.1 endpoint for Prometheus: `GET /metrics`, then close.
+//!
+//! The exposition is OpenMetrics for clients that ask for it (Prometheus
+//! does), the text format 0.0.4 for the others (`curl | promtool check
+//! metrics`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +12,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::timeout;
 
-/// The content type of the text exposition format.
+use super::prometheus::{to_text_format, OPENMETRICS_CONTENT_TYPE};
+
+/// The content type of the text exposition format 0.0.4.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A scrape request is one line and a few headers; anything longer is not one.
@@ -30,6 +36,24 @@ const TIMEOUTS: Timeouts = Timeouts {
     write: Duration::from_secs(10),
 };
 
+/// Where a response's exposition comes from.
+#[derive(Clone)]
+enum Source {
+    /// The latest text an exporter published.
+    Latest(watch::Receiver<String>),
+    /// Rendered for each request.
+    Render(Arc<dyn Fn() -> String + Send + Sync>),
+}
+
+impl Source {
+    fn current(&self) -> String {
+        match self {
+            Source::Latest(rx) => rx.borrow().clone(),
+            Source::Render(render) => render(),
+        }
+    }
+}
+
 /// Serves the latest Prometheus exposition from `current` on `listener`
 /// until the sender of `current` is dropped.
 ///
@@ -38,6 +62,12 @@ const TIMEOUTS: Timeouts = Timeouts {
 /// over 8 KiB 431, and clients that do not send a request within 5 s 408.
 /// Every connection gets one response and is closed. At most 64 clients are
 /// served at once, so slow clients cannot exhaust memory or descriptors.
+///
+/// A text in the OpenMetrics format (ending with `# EOF`, as
+/// [`render_exposition`](super::render_exposition) writes it) goes as is to
+/// clients whose `Accept` header names `application/openmetrics-text`, and
+/// in the format 0.0.4 ([`to_text_format`]) to the others; any other text is
+/// served as 0.0.4.
 ///
 /// # Examples
 ///
@@ -53,12 +83,38 @@ const TIMEOUTS: Timeouts = Timeouts {
 /// # }
 /// ```
 pub async fn serve_metrics(listener: TcpListener, current: watch::Receiver<String>) {
-    serve(listener, current, TIMEOUTS).await;
+    serve(listener, Source::Latest(current), TIMEOUTS).await;
 }
 
-async fn serve(listener: TcpListener, current: watch::Receiver<String>, timeouts: Timeouts) {
+/// Like [`serve_metrics`], but calls `render` for every request, so counts
+/// that change between reports are current at each scrape; serves until the
+/// task is dropped.
+///
+/// # Examples
+///
+/// ```no_run
+/// use telemetry_ebpf::report::{render_exposition, serve_metrics_with, BuildInfo};
+///
+/// # async fn run() -> std::io::Result<()> {
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:9435").await?;
+/// let build = BuildInfo { exporter: "my_exporter", version: "1.0.0" };
+/// tokio::spawn(serve_metrics_with(listener, move || render_exposition(None, &build, |_| {})));
+/// # Ok(())
+/// # }
+/// ```
+pub async fn serve_metrics_with(
+    listener: TcpListener,
+    render: impl Fn() -> String + Send + Sync + 'static,
+) {
+    serve(listener, Source::Render(Arc::new(render)), TIMEOUTS).await;
+}
+
+async fn serve(listener: TcpListener, current: Source, timeouts: Timeouts) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut updates = current.clone();
+    let mut updates = match &current {
+        Source::Latest(rx) => Some(rx.clone()),
+        Source::Render(_) => None,
+    };
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             // The semaphore is never closed.
@@ -77,8 +133,8 @@ async fn serve(listener: TcpListener, current: watch::Receiver<String>, timeouts
                 // Out of descriptors and the like: pause instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             },
-            changed = updates.changed() => {
-                if changed.is_err() {
+            changed = async { updates.as_mut()?.changed().await.ok() }, if updates.is_some() => {
+                if changed.is_none() {
                     return;
                 }
             }
@@ -88,7 +144,7 @@ async fn serve(listener: TcpListener, current: watch::Receiver<String>, timeouts
 
 async fn answer(
     mut stream: TcpStream,
-    current: &watch::Receiver<String>,
+    current: &Source,
     timeouts: Timeouts,
 ) -> std::io::Result<()> {
     let response = match timeout(timeouts.read, read_head(&mut stream)).await {
@@ -158,7 +214,18 @@ fn head_end(data: &[u8]) -> Option<usize> {
     }
 }
 
-fn route(head: &[u8], current: &watch::Receiver<String>) -> Response {
+/// Whether the request's `Accept` header names OpenMetrics. Prometheus
+/// lists it first, with a higher quality than 0.0.4; no client asks for
+/// OpenMetrics while ranking it below 0.0.4, so qualities are not compared.
+fn accepts_openmetrics(head: &[u8]) -> bool {
+    head.split(|&b| b == b'\n').skip(1).any(|line| {
+        let line = String::from_utf8_lossy(line).to_ascii_lowercase();
+        line.strip_prefix("accept:")
+            .is_some_and(|value| value.contains("application/openmetrics-text"))
+    })
+}
+
+fn route(head: &[u8], current: &Source) -> Response {
     let Some((method, target)) = request_line(head) else {
         return Response::error(400, "Bad Request");
     };
@@ -167,14 +234,25 @@ fn route(head: &[u8], current: &watch::Receiver<String>) -> Response {
         return Response::error(404, "Not Found");
     }
     match method {
-        "GET" | "HEAD" => Response {
-            status: 200,
-            reason: "OK",
-            content_type: CONTENT_TYPE,
-            body: current.borrow().clone(),
-            head_only: method == "HEAD",
-            allow: false,
-        },
+        "GET" | "HEAD" => {
+            let text = current.current();
+            let openmetrics = text.ends_with("# EOF\n");
+            let (content_type, body) = if !openmetrics {
+                (CONTENT_TYPE, text)
+            } else if accepts_openmetrics(head) {
+                (OPENMETRICS_CONTENT_TYPE, text)
+            } else {
+                (CONTENT_TYPE, to_text_format(&text))
+            };
+            Response {
+                status: 200,
+                reason: "OK",
+                content_type,
+                body,
+                head_only: method == "HEAD",
+                allow: false,
+            }
+        }
         _ => Response {
             allow: true,
             ..Response::error(405, "Method Not Allowed")
@@ -245,7 +323,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("bound address");
         let (tx, rx) = watch::channel("rdma_lost_events_total 0\n".to_owned());
-        tokio::spawn(serve(listener, rx, timeouts));
+        tokio::spawn(serve(listener, Source::Latest(rx), timeouts));
         (addr, tx)
     }
 
@@ -347,6 +425,34 @@ mod tests {
             .expect("closed in time")
             .expect("read");
         assert!(response.starts_with(b"HTTP/1.1 408 Request Timeout\r\n"));
+    }
+
+    #[tokio::test]
+    async fn openmetrics_to_those_who_ask_and_0_0_4_to_the_others() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("bound address");
+        let om = "# HELP x Things.\n# TYPE x counter\nx_total 1\n# EOF\n";
+        tokio::spawn(serve_metrics_with(listener, move || om.to_owned()));
+
+        let prometheus = b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n";
+        let response = exchange(addr, prometheus).await;
+        let (head, body) = split(&response);
+        assert!(
+            head.contains("\r\nContent-Type: application/openmetrics-text; version=1.0.0"),
+            "{head}"
+        );
+        assert_eq!(body, om);
+
+        let response = exchange(addr, b"GET /metrics HTTP/1.1\r\nAccept: */*\r\n\r\n").await;
+        let (head, body) = split(&response);
+        assert!(
+            head.contains("\r\nContent-Type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+        assert_eq!(
+            body,
+            "# HELP x_total Things.\n# TYPE x_total counter\nx_total 1\n"
+        );
     }
 
     #[tokio::test]

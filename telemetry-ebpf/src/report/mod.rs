@@ -12,8 +12,11 @@
 //! - [`render_text`]: sections for people, in the original monitor's layout
 //!   ([`render_text_with`] to list every hardware counter);
 //! - [`render_json`]: one object per interval, with a documented schema;
-//! - [`render_prometheus`]: the text exposition format, served by
-//!   [`serve_metrics`].
+//! - [`render_exposition`]: every metric of an exporter (its build info, the
+//!   snapshot's [`SnapshotMetrics`], its own), encoded by `prometheus-client`
+//!   in the OpenMetrics format ([`render_prometheus`]: the snapshot's alone;
+//!   [`to_text_format`]: the format 0.0.4), served by [`serve_metrics`] or
+//!   [`serve_metrics_with`].
 //!
 //! [`Sampler`] turns successive counter readings into snapshots with rates,
 //! naming the cgroup ids the kernel reports by their paths
@@ -39,9 +42,12 @@ mod test_support;
 mod text;
 mod timestamp;
 
-pub use http::{serve_metrics, CONTENT_TYPE};
+pub use http::{serve_metrics, serve_metrics_with, CONTENT_TYPE};
 pub use json::render_json;
-pub use prometheus::render_prometheus;
+pub use prometheus::{
+    render_exposition, render_prometheus, to_text_format, BuildInfo, SnapshotMetrics,
+    OPENMETRICS_CONTENT_TYPE,
+};
 pub use sampler::Sampler;
-pub use snapshot::{AttachReport, CgroupStats, Interception, PortCounter, Snapshot};
+pub use snapshot::{AttachReport, CgroupStats, CountSource, Interception, PortCounter, Snapshot};
 pub use text::{render_text, render_text_with, TextOptions};

@@ -7,7 +7,9 @@ use std::time::{Instant, SystemTime};
 use rdma_quota::cgroup;
 use rdma_quota::{rate_per_second, QuotaConfig, QuotaSnapshot, Scope, Verb};
 
-use super::snapshot::{AttachReport, CgroupStats, Interception, PortCounter, Snapshot};
+use super::snapshot::{
+    AttachReport, CgroupStats, CountSource, Interception, PortCounter, Snapshot,
+};
 use crate::hw_counters::{CounterId, PortCounterReader};
 use crate::monitor::KernelCounters;
 
@@ -161,6 +163,7 @@ impl Sampler {
         s.attach = attach.to_vec();
         match (kernel, quotas) {
             (Some(k), _) => {
+                s.source = Some(CountSource::Ebpf);
                 s.live = k.live.clone();
                 s.mr_bytes = k.mr_bytes;
                 s.totals = k.totals.clone();
@@ -183,6 +186,7 @@ impl Sampler {
                 }
             }
             (None, Some(q)) => {
+                s.source = Some(CountSource::Process);
                 s.live = q
                     .global
                     .live

@@ -28,8 +28,9 @@ use crate::hw_counters::{self, Skipped};
 ///
 /// assert!(report::render_text(&snapshot).starts_with("=== 1970-01-01T00:00:00Z"));
 /// assert_eq!(report::render_json(&snapshot)["live"]["QP"], 3);
+/// snapshot.source = Some(report::CountSource::Ebpf);
 /// assert!(report::render_prometheus(&snapshot)
-///     .contains("\nrdma_live_resources{resource=\"qp\"} 3\n"));
+///     .contains("\nrdma_live_resources{resource=\"qp\",source=\"ebpf\"} 3\n"));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
@@ -39,6 +40,10 @@ pub struct Snapshot {
     pub interval: Duration,
     /// The thresholds in force ("interception configuration"), if any.
     pub config: Option<QuotaConfig>,
+    /// Who counted [`live`](Self::live), [`mr_bytes`](Self::mr_bytes) and
+    /// [`totals`](Self::totals): the kernel probes or this process's quota
+    /// accounting; `None` when nobody did (no eBPF and no quotas).
+    pub source: Option<CountSource>,
     /// Live resources, system-wide.
     pub live: BTreeMap<Resource, i64>,
     /// Bytes of live memory regions, system-wide.
@@ -74,6 +79,7 @@ impl Snapshot {
             time,
             interval,
             config: None,
+            source: None,
             live: BTreeMap::new(),
             mr_bytes: 0,
             totals: BTreeMap::new(),
@@ -85,6 +91,31 @@ impl Snapshot {
             hw_counters: Vec::new(),
             hw_counters_skipped: Vec::new(),
             auth_failures: None,
+        }
+    }
+}
+
+/// Where a snapshot's verb calls and live resources were counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountSource {
+    /// The kernel programs: every process on the host.
+    Ebpf,
+    /// This process's quota accounting (no eBPF): what it admitted.
+    Process,
+}
+
+impl CountSource {
+    /// The `source` label value of the metrics: `ebpf` or `process`.
+    ///
+    /// ```
+    /// use telemetry_ebpf::report::CountSource;
+    ///
+    /// assert_eq!(CountSource::Ebpf.label(), "ebpf");
+    /// ```
+    pub fn label(self) -> &'static str {
+        match self {
+            CountSource::Ebpf => "ebpf",
+            CountSource::Process => "process",
         }
     }
 }

@@ -35,6 +35,7 @@ pub(crate) fn example() -> Snapshot {
         Duration::from_secs(2),
     );
     s.config = Some(config);
+    s.source = Some(super::snapshot::CountSource::Ebpf);
     s.live = BTreeMap::from([
         (Resource::Qp, 3),
         (Resource::Pd, 1),

@@ -1,0 +1,441 @@
+//! The server's own metrics: sessions, handshakes, refusals, traffic per
+//! tenant, authentication failures and how long the RDMA steps take.
+//!
+//! [`ServerMetrics`] holds `prometheus-client` counters, gauges and
+//! histograms that the [server](crate::server) updates as clients come and
+//! go; an exporter (secure-server's `--metrics`) registers them in its
+//! registry with [`ServerMetrics::register`]. The library only counts: it
+//! serves nothing and installs nothing.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `secure_rdma_sessions_active` | gauge | `device` |
+//! | `secure_rdma_handshakes_total` | counter | `outcome` ([`HandshakeOutcome`]) |
+//! | `secure_rdma_rejections_total` | counter | `reason` ([`rejection_reason`]) |
+//! | `secure_rdma_messages_received_total` | counter | `tenant`, `op` (`send`, `write`) |
+//! | `secure_rdma_received_bytes_total` | counter | `tenant`, `op` |
+//! | `secure_rdma_auth_failures_total` | counter | `tenant` |
+//! | `secure_rdma_handshake_duration_seconds` | histogram | |
+//! | `secure_rdma_verb_duration_seconds` | histogram | `device`, `verb` ([`TimedVerb`]) |
+//!
+//! Names follow the Prometheus conventions: base units (seconds, bytes),
+//! `_total` on counters, snake_case labels; `tenant` is the client's
+//! certificate identity. Every outcome and reason has its series from the
+//! start, at 0, so `rate()` and alerts see the first one happen; families
+//! labelled by tenant or device appear with their first sample.
+//!
+//! ```
+//! use prometheus_client::registry::Registry;
+//! use secure_rdma::metrics::ServerMetrics;
+//!
+//! let metrics = ServerMetrics::default();
+//! let mut registry = Registry::default();
+//! metrics.register(&mut registry);
+//! let mut text = String::new();
+//! prometheus_client::encoding::text::encode(&mut text, &registry)?;
+//! assert!(text.contains("# TYPE secure_rdma_handshakes counter"));
+//! assert!(text.contains("\nsecure_rdma_handshakes_total{outcome=\"established\"} 0\n"));
+//! # Ok::<(), std::fmt::Error>(())
+//! ```
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::handshake::{Op, RejectReason};
+
+/// How a connection's handshake ended (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HandshakeOutcome {
+    /// TLS, admission, RDMA setup and confirmation all done: a session.
+    Established,
+    /// Admission refused the client and told it why (see `secure_rdma_rejections_total`).
+    Rejected,
+    /// The TLS handshake failed: no valid client certificate, a revoked one, or not TLS.
+    TlsFailed,
+    /// A step (TLS, hello, RDMA setup) did not finish within the handshake timeout.
+    TimedOut,
+    /// The connection broke or RDMA setup failed.
+    Failed,
+}
+
+impl HandshakeOutcome {
+    /// Every outcome.
+    pub const ALL: [HandshakeOutcome; 5] = [
+        HandshakeOutcome::Established,
+        HandshakeOutcome::Rejected,
+        HandshakeOutcome::TlsFailed,
+        HandshakeOutcome::TimedOut,
+        HandshakeOutcome::Failed,
+    ];
+
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            HandshakeOutcome::Established => "established",
+            HandshakeOutcome::Rejected => "rejected",
+            HandshakeOutcome::TlsFailed => "tls_failed",
+            HandshakeOutcome::TimedOut => "timed_out",
+            HandshakeOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// The `reason` label of a refusal at admission.
+///
+/// ```
+/// use secure_rdma::handshake::RejectReason;
+/// use secure_rdma::metrics::rejection_reason;
+///
+/// assert_eq!(rejection_reason(&RejectReason::ServerFull { active: 2, max: 2 }), "server_full");
+/// ```
+pub fn rejection_reason(reason: &RejectReason) -> &'static str {
+    match reason {
+        RejectReason::ServerFull { .. } => "server_full",
+        RejectReason::Quota { .. } => "quota",
+        RejectReason::Version { .. } => "version",
+        RejectReason::ShuttingDown => "shutting_down",
+        RejectReason::Unavailable { .. } => "unavailable",
+        RejectReason::IdentityLimit { .. } => "identity_limit",
+        RejectReason::Policy { .. } => "policy",
+    }
+}
+
+/// The `reason` of connections closed at accept, before TLS, because too many
+/// were pending (in all or from one address).
+pub const PENDING_LIMIT: &str = "pending_limit";
+
+/// Every `reason` label of `secure_rdma_rejections_total`: the values of
+/// [`rejection_reason`] and [`PENDING_LIMIT`].
+pub const REJECTION_REASONS: [&str; 8] = [
+    "server_full",
+    "quota",
+    "version",
+    "shutting_down",
+    "unavailable",
+    "identity_limit",
+    "policy",
+    PENDING_LIMIT,
+];
+
+/// The RDMA steps the server times (the `verb` label of
+/// `secure_rdma_verb_duration_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimedVerb {
+    /// PD, CQs, MRs and QP created, endpoints exchanged over TLS, the QP
+    /// modified RESET → INIT → RTR → RTS.
+    QpSetup,
+    /// The confirmation: tokens over RDMA (a posted SEND and its completion
+    /// each way) and the confirmations over TLS.
+    QpConfirm,
+    /// Posting an acknowledgement SEND on the streaming path, including the
+    /// wait for a free send slot (that is, for earlier completions).
+    PostSend,
+}
+
+impl TimedVerb {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            TimedVerb::QpSetup => "qp_setup",
+            TimedVerb::QpConfirm => "qp_confirm",
+            TimedVerb::PostSend => "post_send",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DeviceLabels {
+    device: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TenantOpLabels {
+    tenant: String,
+    op: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DeviceVerbLabels {
+    device: String,
+    verb: &'static str,
+}
+
+/// Handshakes take milliseconds to seconds (a TLS round trip, QP setup, the
+/// handshake timeout is 10 s by default): 1 ms to ~16 s.
+fn handshake_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Posting takes microseconds; setup and confirmation milliseconds, more on
+/// Soft-RoCE under emulation: 10 µs to ~20 s.
+fn verb_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 22))
+}
+
+/// The server's metrics. Clones share the same counts, so keep one in
+/// [`ServerConfig::metrics`](crate::server::ServerConfig::metrics) and
+/// another to register.
+#[derive(Debug, Clone)]
+pub struct ServerMetrics {
+    sessions_active: Family<DeviceLabels, Gauge>,
+    handshakes: Family<OutcomeLabels, Counter>,
+    rejections: Family<ReasonLabels, Counter>,
+    messages: Family<TenantOpLabels, Counter>,
+    bytes: Family<TenantOpLabels, Counter>,
+    auth_failures: Family<TenantLabels, Counter>,
+    handshake_duration: Histogram,
+    verb_duration: Family<DeviceVerbLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        let metrics = ServerMetrics {
+            sessions_active: Family::default(),
+            handshakes: Family::default(),
+            rejections: Family::default(),
+            messages: Family::default(),
+            bytes: Family::default(),
+            auth_failures: Family::default(),
+            handshake_duration: handshake_buckets(),
+            verb_duration: Family::new_with_constructor(verb_buckets),
+        };
+        for outcome in HandshakeOutcome::ALL {
+            // Creating the child is the point; the guard it returns is not needed.
+            drop(metrics.handshakes.get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            }));
+        }
+        for reason in REJECTION_REASONS {
+            drop(metrics.rejections.get_or_create(&ReasonLabels { reason }));
+        }
+        metrics
+    }
+}
+
+/// Keeps one session counted in `secure_rdma_sessions_active` until dropped.
+#[derive(Debug)]
+pub struct ActiveSession {
+    gauge: Gauge,
+}
+
+impl Drop for ActiveSession {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl ServerMetrics {
+    /// Adds every metric to `registry` (names as in the [module docs](self)).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "secure_rdma_sessions_active",
+            "Established client sessions, per RDMA device",
+            self.sessions_active.clone(),
+        );
+        registry.register(
+            "secure_rdma_handshakes",
+            "Client connections by how their handshake ended",
+            self.handshakes.clone(),
+        );
+        registry.register(
+            "secure_rdma_rejections",
+            "Clients refused at admission, by reason",
+            self.rejections.clone(),
+        );
+        registry.register(
+            "secure_rdma_messages_received",
+            "RDMA SENDs and WRITEs received, per tenant",
+            self.messages.clone(),
+        );
+        registry.register_with_unit(
+            "secure_rdma_received",
+            "Payload bytes received by RDMA SEND and WRITE, per tenant",
+            Unit::Bytes,
+            self.bytes.clone(),
+        );
+        registry.register(
+            "secure_rdma_auth_failures",
+            "RDMA messages that failed authentication (forged, replayed or corrupted), per tenant",
+            self.auth_failures.clone(),
+        );
+        registry.register_with_unit(
+            "secure_rdma_handshake_duration",
+            "Time from TCP accept to an established session",
+            Unit::Seconds,
+            self.handshake_duration.clone(),
+        );
+        registry.register_with_unit(
+            "secure_rdma_verb_duration",
+            "Time the server spends in RDMA setup steps and posts, per device",
+            Unit::Seconds,
+            self.verb_duration.clone(),
+        );
+    }
+
+    /// Counts one handshake that ended with `outcome`.
+    pub fn handshake(&self, outcome: HandshakeOutcome) {
+        self.handshakes
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            })
+            .inc();
+    }
+
+    /// Counts one established handshake that took `took` since accept.
+    pub fn established(&self, took: Duration) {
+        self.handshake(HandshakeOutcome::Established);
+        self.handshake_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts one refusal; `reason` is a [`rejection_reason`] or [`PENDING_LIMIT`].
+    pub fn rejected(&self, reason: &'static str) {
+        self.rejections
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts a session on `device` as active until the result is dropped.
+    pub fn session_started(&self, device: &str) -> ActiveSession {
+        let gauge = self.sessions_active.get_or_create_owned(&DeviceLabels {
+            device: device.to_owned(),
+        });
+        gauge.inc();
+        ActiveSession { gauge }
+    }
+
+    /// Counts one message of `bytes` from `tenant`.
+    pub fn received(&self, tenant: &str, op: Op, bytes: usize) {
+        let labels = TenantOpLabels {
+            tenant: tenant.to_owned(),
+            op: match op {
+                Op::Send => "send",
+                Op::Write => "write",
+            },
+        };
+        self.messages.get_or_create(&labels).inc();
+        self.bytes
+            .get_or_create(&labels)
+            .inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
+    }
+
+    /// Counts one message of `tenant` that failed authentication.
+    pub fn auth_failure(&self, tenant: &str) {
+        self.auth_failures
+            .get_or_create(&TenantLabels {
+                tenant: tenant.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records that `verb` took `took` on `device`.
+    pub fn verb(&self, device: &str, verb: TimedVerb, took: Duration) {
+        self.verb_duration
+            .get_or_create(&DeviceVerbLabels {
+                device: device.to_owned(),
+                verb: verb.label(),
+            })
+            .observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(metrics: &ServerMetrics) -> String {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        text
+    }
+
+    #[test]
+    fn every_rejection_reason_is_announced_from_the_start() {
+        let detail = String::new;
+        for reason in [
+            RejectReason::ServerFull { active: 1, max: 1 },
+            RejectReason::Quota { detail: detail() },
+            RejectReason::Version {
+                server: 1,
+                client: 2,
+            },
+            RejectReason::ShuttingDown,
+            RejectReason::Unavailable { detail: detail() },
+            RejectReason::IdentityLimit {
+                identity: detail(),
+                active: 1,
+                max: 1,
+            },
+            RejectReason::Policy { detail: detail() },
+        ] {
+            assert!(REJECTION_REASONS.contains(&rejection_reason(&reason)));
+        }
+    }
+
+    #[test]
+    fn counts_what_the_server_reports() {
+        let metrics = ServerMetrics::default();
+        let kept = metrics.clone();
+        let active = metrics.session_started("rxe-a");
+        metrics.established(Duration::from_millis(30));
+        metrics.handshake(HandshakeOutcome::TlsFailed);
+        metrics.rejected(rejection_reason(&RejectReason::ShuttingDown));
+        metrics.rejected(PENDING_LIMIT);
+        metrics.received("alice", Op::Send, 100);
+        metrics.received("alice", Op::Send, 28);
+        metrics.received("alice", Op::Write, 4096);
+        metrics.auth_failure("mallory");
+        metrics.verb("rxe-a", TimedVerb::QpSetup, Duration::from_millis(5));
+        let text = render(&kept);
+        for expected in [
+            "secure_rdma_sessions_active{device=\"rxe-a\"} 1",
+            "secure_rdma_handshakes_total{outcome=\"established\"} 1",
+            "secure_rdma_handshakes_total{outcome=\"tls_failed\"} 1",
+            "secure_rdma_rejections_total{reason=\"shutting_down\"} 1",
+            "secure_rdma_rejections_total{reason=\"pending_limit\"} 1",
+            "secure_rdma_messages_received_total{tenant=\"alice\",op=\"send\"} 2",
+            "secure_rdma_received_bytes_total{tenant=\"alice\",op=\"send\"} 128",
+            "secure_rdma_received_bytes_total{tenant=\"alice\",op=\"write\"} 4096",
+            "secure_rdma_auth_failures_total{tenant=\"mallory\"} 1",
+            "secure_rdma_handshake_duration_seconds_count 1",
+            "secure_rdma_verb_duration_seconds_count{device=\"rxe-a\",verb=\"qp_setup\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == expected),
+                "missing {expected:?} in\n{text}"
+            );
+        }
+        assert!(text
+            .lines()
+            .any(|l| l == "secure_rdma_rejections_total{reason=\"quota\"} 0"));
+        assert!(text
+            .lines()
+            .any(|l| l == "secure_rdma_handshakes_total{outcome=\"timed_out\"} 0"));
+        drop(active);
+        assert!(render(&kept)
+            .lines()
+            .any(|l| l == "secure_rdma_sessions_active{device=\"rxe-a\"} 0"));
+    }
+}
