@@ -477,7 +477,7 @@ mod tests {
             "connect",
             "-n",
             "20",
-            "-c",
+            "--concurrency",
             "4",
         ]);
         assert!(matches!(
@@ -577,7 +577,7 @@ mod tests {
         );
         assert!(check(&["c", "h", "bench", "send", "--acks", "tls", "--window", "1"]).is_ok());
         assert!(check(&["c", "h", "bench", "connect", "-n", "0"]).is_err());
-        assert!(check(&["c", "h", "bench", "hold", "-c", "0"]).is_err());
+        assert!(check(&["c", "h", "bench", "hold", "--concurrency", "0"]).is_err());
     }
 
     #[test]
