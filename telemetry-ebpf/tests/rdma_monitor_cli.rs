@@ -294,7 +294,7 @@ fn the_metrics_endpoint_is_promtool_clean_and_speaks_openmetrics_to_prometheus()
     let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-monitor"))
         .args([
             "--no-ebpf",
-            "-i",
+            "--interval",
             "0.1",
             "--limit",
             "QP_COUNT=4",
