@@ -60,6 +60,8 @@ done
 # Debian ships man pages compressed (-n: no name or time stamp, so rebuilds are identical).
 gzip -9nf "$BUILT"/docs/man/man1/*.1
 
+# One package in OUT, so that scripts can name it by a glob.
+rm -f "$OUT"/secure-rdma_*.deb
 if [ "$FROM_DEV" = 1 ]; then
     # cargo-deb reads the build from TARGET_DIR/release and refuses the dev profile in
     # future versions; hard links make the dev build look like one without copying it.

@@ -18,7 +18,20 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Starts the collector with `listener` as systemd passes it. `LISTEN_PID` must be the
 /// collector's own pid, unknown before the fork; `sh` sets it to `$$` and `exec`s the
 /// collector, which keeps that pid (what `systemd-socket-activate` does too).
-fn spawn_activated(listener: &UnixListener, extra: &[&str]) -> Child {
+/// A collector that is killed if the test fails before stopping it, so that it does not
+/// outlive the test holding the test harness's pipes.
+struct Running(Option<Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn_activated(listener: &UnixListener, extra: &[&str]) -> Running {
     let fd = listener.as_raw_fd();
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
@@ -44,11 +57,12 @@ fn spawn_activated(listener: &UnixListener, extra: &[&str]) -> Child {
             Ok(())
         });
     }
-    cmd.spawn().expect("spawn rdma-collector")
+    Running(Some(cmd.spawn().expect("spawn rdma-collector")))
 }
 
 /// Stops the collector as systemd does (SIGTERM) and returns its stderr.
-fn stop(child: Child) -> String {
+fn stop(mut running: Running) -> String {
+    let child = running.0.take().expect("running");
     // SAFETY: kill with a pid we spawned and have not reaped.
     let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
@@ -95,7 +109,8 @@ impl Program {
 }
 
 /// Connects once the collector has bound `path` itself (no socket activation).
-fn connect_when_bound(path: &Path, child: &mut Child) -> Program {
+fn connect_when_bound(path: &Path, running: &mut Running) -> Program {
+    let child = running.0.as_mut().expect("running");
     let deadline = Instant::now() + REPLY_TIMEOUT;
     loop {
         if let Ok(stream) = UnixStream::connect(path) {
@@ -161,16 +176,18 @@ fn serves_the_socket_systemd_passes_and_keeps_it_across_a_restart() {
 fn without_socket_activation_it_binds_and_removes_its_own_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("run").join("collector.sock");
-    let mut collector = Command::new(env!("CARGO_BIN_EXE_rdma-collector"))
-        .args(["--limit", "QP_COUNT=1", "--socket"])
-        .arg(&path)
-        // A stale LISTEN_FDS meant for another process (LISTEN_PID is not ours) is ignored.
-        .env("LISTEN_FDS", "1")
-        .env("LISTEN_PID", "1")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rdma-collector");
+    let mut collector = Running(Some(
+        Command::new(env!("CARGO_BIN_EXE_rdma-collector"))
+            .args(["--limit", "QP_COUNT=1", "--socket"])
+            .arg(&path)
+            // A stale LISTEN_FDS meant for another process (LISTEN_PID is not ours) is ignored.
+            .env("LISTEN_FDS", "1")
+            .env("LISTEN_PID", "1")
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rdma-collector"),
+    ));
     let mut program = connect_when_bound(&path, &mut collector);
     assert_eq!(program.ask("ADMIT QP_CREATE"), "OK 1");
     assert!(program.ask("ADMIT QP_CREATE").starts_with("DENY"));
