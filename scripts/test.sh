@@ -46,10 +46,12 @@ stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
 # ------------------------------------------------------------------ install
 # Build dependencies: cmake + clang/libclang for rdma-mummy-sys (bindgen),
 # clang/llvm/libbpf/bpftool for the eBPF programs, shellcheck for scripts, nftables for
-# setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it).
+# setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it);
+# for the package: man-db, adduser, libcap2-bin (setcap) and systemd (systemd-analyze verify,
+# systemd-socket-activate) for check-package.sh and tests/tests/package_lab.rs.
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
             libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables
-            man-db adduser libcap2-bin)
+            man-db adduser libcap2-bin systemd)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()

@@ -11,7 +11,7 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -82,6 +82,15 @@ fn install() {
         // Only in the lab VM, whose root is thrown away: never on a real host.
         require_lab();
         let deb = package();
+        // man-db's trigger re-indexes every man page of the host's root over 9p under TCG
+        // (most of a 191 s install); `man -w` and `man PAGE` do not need the index. This file
+        // is man-db's own switch for it (what `dpkg-reconfigure man-db` answering "no"
+        // removes), in the VM's throw-away /var.
+        match std::fs::remove_file("/var/lib/man-db/auto-update") {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("turning man-db's auto-update off: {e}"),
+        }
         let started = std::time::Instant::now();
         let out = wait_with_deadline(
             spawn(Command::new("dpkg").arg("-i").arg(&deb)),
@@ -266,16 +275,47 @@ fn the_collector_starts_as_its_units_say_and_answers_the_installed_interceptor()
     assert!(out.status.success(), "{}", stderr.snapshot().join("\n"));
 }
 
+/// `rdma-monitor --count 2 --json` as the service user.
+fn monitor_as_service_user() -> Output {
+    run(
+        as_service_user("/usr/bin/rdma-monitor").args(["--count", "2", "--json", "-i", "0.5"]),
+        "unprivileged rdma-monitor",
+    )
+}
+
+/// Starts `rdma-capture ARGS` as the service user, waits until every hook of `attached` is
+/// attached, stops it with SIGINT as a user would and checks that it wrote its pcap.
+fn capture_as_service_user(args: &[&str], attached: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod tempdir");
+    let pcap = dir.path().join("capture.pcap");
+    let mut cmd = as_service_user("/usr/bin/rdma-capture");
+    cmd.args(args).arg("-w").arg(&pcap);
+    let mut child = spawn(&mut cmd);
+    let stderr = Lines::collect(child.stderr.take().expect("stderr"));
+    for hook in attached {
+        stderr.wait_for(hook, 1, DEADLINE, |l| {
+            l.starts_with("rdma-capture: attached") && l.contains(hook)
+        });
+    }
+    // SAFETY: kill with the pid of a child we spawned and have not reaped.
+    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let out = wait_with_deadline(child, DEADLINE, "rdma-capture");
+    let log = stderr.snapshot().join("\n");
+    println!("rdma-capture {args:?} as {USER}:\n{log}");
+    assert!(out.status.success(), "{log}");
+    assert!(pcap.is_file(), "no pcap written:\n{log}");
+}
+
 #[test]
 #[ignore = "lab: needs the Soft-RoCE VM (scripts/softroce-vm.sh)"]
 fn monitor_and_capture_run_without_root_after_setcap() {
     install();
     require_lab();
-    // Refused without the capabilities: the test below can fail.
-    let out = run(
-        as_service_user("/usr/bin/rdma-monitor").args(["--count", "1", "--json"]),
-        "unprivileged rdma-monitor",
-    );
+    // Without capabilities it is refused, naming them.
+    let out = monitor_as_service_user();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("CAP_BPF"),
@@ -285,20 +325,47 @@ fn monitor_and_capture_run_without_root_after_setcap() {
 
     // The README's recipe.
     run_ok(
-        Command::new("setcap").args(["cap_bpf,cap_perfmon=ep", "/usr/bin/rdma-monitor"]),
+        Command::new("setcap").args([
+            "cap_bpf,cap_perfmon,cap_dac_read_search=ep",
+            "/usr/bin/rdma-monitor",
+        ]),
         "setcap rdma-monitor",
     );
-    let out = run(
-        as_service_user("/usr/bin/rdma-monitor").args(["--count", "2", "--json", "-i", "0.5"]),
-        "rdma-monitor after setcap",
+    let paranoid_path = "/proc/sys/kernel/perf_event_paranoid";
+    let paranoid: i32 = std::fs::read_to_string(paranoid_path)
+        .expect("read perf_event_paranoid")
+        .trim()
+        .parse()
+        .expect("perf_event_paranoid is a number");
+    if paranoid > 2 {
+        // Debian's level 3: perf_event_open wants CAP_SYS_ADMIN, CAP_PERFMON is not enough;
+        // the README says to set 2. Measured here first, so the recipe's sysctl line is
+        // known to be needed and not folklore.
+        let out = monitor_as_service_user();
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("perf_event_open"),
+            "{}",
+            text(&out.stderr)
+        );
+        std::fs::write(paranoid_path, "2").expect("sysctl kernel.perf_event_paranoid=2");
+    }
+    let out = monitor_as_service_user();
+    println!(
+        "rdma-monitor as {USER} (perf_event_paranoid was {paranoid}):\n{}",
+        text(&out.stderr)
     );
-    println!("rdma-monitor as {USER}:\n{}", text(&out.stderr));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let reports: Vec<Value> = text(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     assert!(reports.len() >= 2, "{}", text(&out.stdout));
+    // Every hook, the tracefs tracepoint too (CAP_DAC_READ_SEARCH).
+    let attach = reports[0]["attach"].as_array().expect("attach list");
+    assert!(!attach.is_empty());
+    let missing: Vec<&Value> = attach.iter().filter(|h| h["attached"] != true).collect();
+    assert!(missing.is_empty(), "not attached: {missing:?}");
 
     run_ok(
         Command::new("setcap").args([
@@ -307,27 +374,122 @@ fn monitor_and_capture_run_without_root_after_setcap() {
         ]),
         "setcap rdma-capture",
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
-        .expect("chmod tempdir");
-    let pcap = dir.path().join("wire.pcap");
-    let mut capture = as_service_user("/usr/bin/rdma-capture");
-    capture
-        .args(["-d", "rxe-a", "--rxe", "--json", "-w"])
-        .arg(&pcap)
-        .stdin(Stdio::null());
-    let mut child = spawn(&mut capture);
-    let stderr = Lines::collect(child.stderr.take().expect("stderr"));
-    for hook in ["XDP on veth-a", "TC egress", "kprobe rxe_rcv"] {
-        stderr.wait_for(hook, 1, DEADLINE, |l| {
-            l.starts_with("rdma-capture: attached") && l.contains(hook)
-        });
+    // XDP and TC on the netdev (CAP_NET_ADMIN), then rxe's kprobes (CAP_PERFMON).
+    capture_as_service_user(&["-d", "rxe-a"], &["XDP on veth-a", "TC egress"]);
+    capture_as_service_user(
+        &["-d", "rxe-a", "--rxe"],
+        &["kprobe rxe_rcv", "kretprobe rxe_icrc_generate"],
+    );
+}
+
+/// `secure-server` as `secure-server.service` starts it: the unit's `ExecStart=` as its `User=`
+/// with its `AmbientCapabilities=` (and nothing else: the same bounding set), under a locked-
+/// memory limit of 0 so that memory registration succeeds only through `CAP_IPC_LOCK`.
+fn server_as_unit(port: u16, ambient: bool) -> (std::process::Child, Lines) {
+    let exec = unit_setting("secure-server.service", "ExecStart");
+    let user = unit_setting("secure-server.service", "User");
+    let caps = unit_setting("secure-server.service", "AmbientCapabilities");
+    assert_eq!(caps, "CAP_IPC_LOCK", "the test mirrors this list");
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--memlock=0:0", "setpriv"]).args([
+        &format!("--reuid={user}"),
+        &format!("--regid={user}"),
+        "--clear-groups",
+    ]);
+    if ambient {
+        cmd.args([
+            "--inh-caps=+ipc_lock",
+            "--ambient-caps=+ipc_lock",
+            "--bounding-set=-all,+ipc_lock",
+        ]);
     }
-    // SAFETY: kill with the pid of a child we spawned and have not reaped.
-    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let out = wait_with_deadline(child, DEADLINE, "rdma-capture");
-    println!("rdma-capture as {USER}:\n{}", stderr.snapshot().join("\n"));
-    assert!(out.status.success(), "{}", stderr.snapshot().join("\n"));
-    assert!(pcap.is_file(), "no pcap written");
+    cmd.args(exec.split_whitespace()).args([
+        "--listen",
+        &format!("10.77.0.1:{port}"),
+        "--log-format",
+        "json",
+    ]);
+    let mut child = spawn(&mut cmd);
+    let log = Lines::collect(child.stderr.take().expect("stderr"));
+    log.wait_for("secure-server ready", 1, DEADLINE, |l| {
+        l.contains("secure-server ready")
+    });
+    (child, log)
+}
+
+/// The installed `secure-client`, as client `pkgtest`, until its stdin ends.
+fn installed_client(port: u16) -> Output {
+    run(
+        Command::new("/usr/bin/secure-client")
+            .args(["10.77.0.1", "--port", &port.to_string()])
+            .args(["--certs", "/etc/secure-rdma/certs", "--name", "pkgtest"])
+            .args(["--timeout", "20"]),
+        "secure-client",
+    )
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE VM (scripts/softroce-vm.sh)"]
+fn the_server_serves_as_its_unit_says_with_cap_ipc_lock_instead_of_root() {
+    install();
+    require_lab();
+    // The README's steps: certificates in /etc/secure-rdma/certs, readable by the group.
+    let certs = "/etc/secure-rdma/certs";
+    run_ok(
+        Command::new("/usr/bin/secure-server").args([
+            "certs",
+            "init",
+            "--dir",
+            certs,
+            "--san",
+            "10.77.0.1",
+        ]),
+        "certs init",
+    );
+    run_ok(
+        Command::new("/usr/bin/secure-server").args(["certs", "client", "pkgtest", "--dir", certs]),
+        "certs client",
+    );
+    run_ok(
+        Command::new("sh").args([
+            "-c",
+            "chgrp secure-rdma /etc/secure-rdma/certs/* && chmod g+r /etc/secure-rdma/certs/server.key",
+        ]),
+        "chgrp",
+    );
+
+    let (mut server, log) = server_as_unit(4491, true);
+    let out = installed_client(4491);
+    let served = text(&out.stdout);
+    println!(
+        "secure-server as {USER} with CAP_IPC_LOCK, RLIMIT_MEMLOCK 0: client {}:\n{served}",
+        out.status
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success() && served.contains("connected to 10.77.0.1:4491 as pkgtest"),
+        "client {}: {served}{}\nserver:\n{}",
+        out.status,
+        text(&out.stderr),
+        log.snapshot().join("\n")
+    );
+
+    // The capability is what makes it work: without it the same server cannot register the
+    // client's memory and refuses it.
+    let (mut server, log) = server_as_unit(4492, false);
+    let out = installed_client(4492);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        !out.status.success(),
+        "served without CAP_IPC_LOCK at RLIMIT_MEMLOCK 0: {}\nserver:\n{}",
+        text(&out.stdout),
+        log.snapshot().join("\n")
+    );
+    println!(
+        "without CAP_IPC_LOCK: client {}: {}",
+        out.status,
+        text(&out.stderr)
+    );
 }
