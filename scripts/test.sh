@@ -5,7 +5,9 @@
 #      kernel, qemu, rdma-core, perftest, shellcheck)
 #   2. cargo fmt --check, cargo clippy -D warnings
 #   3. host tests (cargo test --workspace; lab tests show as ignored here)
-#   4. the lab suite on real Soft-RoCE inside scripts/softroce-vm.sh
+#   4. the Debian package, made from the lab suite's build (scripts/package.sh --from-dev)
+#      and checked (scripts/check-package.sh), then the lab suite on real Soft-RoCE inside
+#      scripts/softroce-vm.sh (tests/tests/package_lab.rs installs the package there)
 #   5. the Terraform lab checks (scripts/check-terraform.sh)
 # and ends with one line per stage and a total: "N passed, M failed".
 #
@@ -47,10 +49,12 @@ stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
 # setup-softroce.sh --restrict-local (the VM runs the host's root filesystem, so the lab has it),
 # tmux for terminal_lab (secure-client's prompt driven with send-keys); prometheus for promtool
 # (host tests check the metrics and docs/monitoring) and the Prometheus server that
-# tests/tests/metrics_lab.rs runs in the VM.
+# tests/tests/metrics_lab.rs runs in the VM; for the package: man-db, adduser, libcap2-bin
+# (setcap) and systemd (systemd-analyze verify, systemd-socket-activate) for check-package.sh and
+# tests/tests/package_lab.rs.
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
             libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables tmux
-            prometheus)
+            prometheus man-db adduser libcap2-bin systemd)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()
@@ -67,6 +71,10 @@ if [ "$INSTALL" = 1 ]; then
     fi
     if [ "$HOST_ONLY" = 0 ]; then
         bash scripts/softroce-vm.sh --install-only
+        # The package stage's tool, pinned; about 2 minutes to build, once per machine.
+        if ! cargo deb --version 2>/dev/null | grep -q '3\.8\.0'; then
+            cargo install cargo-deb --version 3.8.0 --locked
+        fi
     fi
 fi
 
@@ -122,7 +130,7 @@ read -r HOST_PASS HOST_FAIL HOST_IGN < <(count "$LOGDIR/host.log")
 if [ "$host_rc" != 0 ] && [ "$HOST_FAIL" = 0 ]; then HOST_FAIL=1; fi
 
 # ------------------------------------------------------------------ VM suite
-VM_PASS=0 VM_FAIL=0 vm_rc=0
+VM_PASS=0 VM_FAIL=0 vm_rc=0 PKG_PASS=0 PKG_FAIL=0
 if [ "$HOST_ONLY" = 0 ]; then
     stage "build the lab suite"
     # --lib builds librdma_intercept.so (a cdylib) for the LD_PRELOAD tests; --examples the
@@ -138,6 +146,14 @@ for line in sys.stdin:
         echo "test.sh: no lab test binaries were built" >&2
         exit 1
     fi
+    # From the dev build just made (no release build here); package_lab.rs installs it in the VM.
+    stage "package"
+    pkg_rc=0
+    { bash scripts/package.sh --from-dev &&
+        bash scripts/check-package.sh target/debian/secure-rdma_*.deb; } 2>&1 |
+        tee "$LOGDIR/package.log" || pkg_rc=${PIPESTATUS[0]}
+    read -r PKG_PASS PKG_FAIL < <(awk '/^package: [0-9]+ passed, [0-9]+ failed/ { p = $2; f = $4 } END { printf "%d %d\n", p, f }' "$LOGDIR/package.log")
+    if [ "$pkg_rc" != 0 ] && [ "$PKG_FAIL" = 0 ]; then PKG_FAIL=1; fi
     stage "lab suite in the Soft-RoCE VM (${#VM_TESTS[@]} test binaries)"
     cmd="rc=0; for t in ${VM_TESTS[*]}; do \"\$t\" --include-ignored --test-threads=1 --show-output || rc=1; done; exit \$rc"
     # The whole suite runs in one VM boot; under TCG it takes 20-30 minutes, so the VM's own
@@ -166,12 +182,13 @@ if [ "$tf_rc" != 0 ] && [ "$TF_FAIL" = 0 ]; then TF_FAIL=1; fi
 stage "summary"
 echo "host: $HOST_PASS passed, $HOST_FAIL failed ($HOST_IGN lab tests ignored on the host)"
 if [ "$HOST_ONLY" = 0 ]; then
+    echo "package: $PKG_PASS passed, $PKG_FAIL failed"
     echo "vm: $VM_PASS passed, $VM_FAIL failed"
 else
     echo "vm: not run (--host-only)"
 fi
 echo "terraform: $TF_PASS passed, $TF_FAIL failed"
-TOTAL_PASS=$((HOST_PASS + VM_PASS + TF_PASS))
-TOTAL_FAIL=$((HOST_FAIL + VM_FAIL + TF_FAIL))
+TOTAL_PASS=$((HOST_PASS + PKG_PASS + VM_PASS + TF_PASS))
+TOTAL_FAIL=$((HOST_FAIL + PKG_FAIL + VM_FAIL + TF_FAIL))
 echo "total: $TOTAL_PASS passed, $TOTAL_FAIL failed"
 [ "$TOTAL_FAIL" = 0 ]

@@ -6,6 +6,8 @@
 //!
 //! Modules:
 //! - [`logging`]: `--log-format text|json` and the one place a subscriber is installed.
+//! - [`docs`]: the hidden `--generate-docs DIR` of every binary: man pages (clap_mangen) and
+//!   bash, zsh and fish completions (clap_complete) from the binary's own clap definition.
 //! - `choices` (feature `secure-rdma`): `--poll busy|event` and `--cipher
 //!   auto|aes-256-gcm|chacha20-poly1305`, as enums whose values `--help` lists.
 
@@ -13,4 +15,5 @@
 
 #[cfg(feature = "secure-rdma")]
 pub mod choices;
+pub mod docs;
 pub mod logging;

@@ -17,7 +17,9 @@
 //! `activity` (counters, the periodic summary, rate-limited warnings) and
 //! `users` ([`user_name`], the user database lookup behind
 //! `--tenant-by user`). The binary `rdma-collector` (`src/main.rs`) parses
-//! arguments, sets up logging and runs a [`Collector`].
+//! arguments, sets up logging and runs a [`Collector`], on the socket systemd
+//! passes (`rdma-collector.socket`, via [`Collector::from_listener`]) when
+//! started by socket activation, else on `--socket`.
 //!
 //! # Protocol
 //!
@@ -258,8 +260,10 @@ impl Default for ConnectionBounds {
 pub struct Collector {
     listener: StdUnixListener,
     path: PathBuf,
-    /// (dev, inode) of the socket we bound, to remove only our own at exit.
-    identity: (u64, u64),
+    /// (dev, inode) of the socket we bound, to remove only our own at exit;
+    /// `None` for a listener handed to us (systemd's socket activation), whose
+    /// path belongs to whoever made it and must outlive us.
+    identity: Option<(u64, u64)>,
     quotas: Quotas,
     tenant_by: TenantBy,
     bounds: ConnectionBounds,
@@ -321,7 +325,58 @@ impl Collector {
         Ok(Collector {
             listener,
             path,
-            identity: (meta.dev(), meta.ino()),
+            identity: Some((meta.dev(), meta.ino())),
+            quotas,
+            tenant_by,
+            bounds: ConnectionBounds::default(),
+        })
+    }
+
+    /// Serves on a listener that is already bound, such as the one systemd
+    /// passes to a socket-activated service (`rdma-collector.socket`).
+    ///
+    /// The socket's path and mode are its creator's business: they are left
+    /// as they are, and the socket is not removed when the collector stops,
+    /// so programs keep connecting to the same path (queued by the kernel)
+    /// while the collector restarts.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::os::unix::net::UnixListener;
+    ///
+    /// use rdma_collector::Collector;
+    /// use rdma_quota::tenant::TenantBy;
+    /// use rdma_quota::Quotas;
+    ///
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let listener = UnixListener::bind("/tmp/collector.sock")?;
+    /// let collector = Collector::from_listener(listener, Quotas::default(), TenantBy::User)?;
+    /// assert_eq!(collector.path(), std::path::Path::new("/tmp/collector.sock"));
+    /// # Ok(()) }
+    /// ```
+    pub fn from_listener(
+        listener: StdUnixListener,
+        quotas: Quotas,
+        tenant_by: TenantBy,
+    ) -> Result<Collector, CollectorError> {
+        // The path only names the socket in logs; an unnamed or abstract
+        // socket has none, which is not a reason to refuse it.
+        let path = listener
+            .local_addr()
+            .ok()
+            .and_then(|addr| addr.as_pathname().map(Path::to_owned))
+            .unwrap_or_else(|| PathBuf::from("(inherited socket)"));
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| CollectorError::Register {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Collector {
+            listener,
+            path,
+            identity: None,
             quotas,
             tenant_by,
             bounds: ConnectionBounds::default(),
@@ -345,7 +400,8 @@ impl Collector {
     }
 
     /// Serves connections until `shutdown` completes, then closes them all
-    /// (releasing their tickets) and removes the socket.
+    /// (releasing their tickets) and removes the socket it bound (not one
+    /// from [`from_listener`](Self::from_listener)).
     ///
     /// Must run inside a tokio runtime with I/O enabled.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), CollectorError> {
@@ -463,8 +519,9 @@ impl Collector {
         tasks.shutdown().await;
         log_summary(&shared);
         drop(listener);
-        // Only our own socket: a newer collector may have replaced it.
-        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+        // Only our own socket: a newer collector may have replaced it, and an
+        // inherited one (identity None) stays for the next activation.
+        if let (Some(identity), Ok(meta)) = (identity, std::fs::symlink_metadata(&path)) {
             if (meta.dev(), meta.ino()) == identity {
                 let _ = std::fs::remove_file(&path);
             }

@@ -32,6 +32,8 @@ use rdma_quota::{LimitSetting, QuotaConfig, Quotas, Verb};
 #[command(version, name = "rdma-collector", after_help = EXIT_CODES)]
 struct Args {
     /// Unix socket to listen on (mode 0666; its directory is created 0755).
+    /// Not used when systemd passes the listening socket (socket activation,
+    /// rdma-collector.socket): that one is served and its path kept.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Quota file: `KEY VALUE` and `tenant NAME KEY VALUE` lines, as for rdma-monitor.
@@ -121,7 +123,27 @@ fn tenant_by(kind: String) -> TenantBy {
     }
 }
 
+/// The listening socket systemd passes a socket-activated service (LISTEN_FDS,
+/// LISTEN_PID, the first one on descriptor 3), if any. Serving systemd's
+/// socket rather than binding our own is what lets programs keep connecting
+/// to the same path while the collector restarts.
+fn inherited_listener() -> Result<Option<std::os::unix::net::UnixListener>> {
+    let mut fds = listenfd::ListenFd::from_env();
+    if fds.len() > 1 {
+        tracing::warn!(
+            passed = fds.len(),
+            "systemd passed more than one socket; serving the first (ListenStream= once in rdma-collector.socket)"
+        );
+    }
+    fds.take_unix_listener(0).context(
+        "the socket systemd passed (LISTEN_FDS) is not a listening Unix stream socket; \
+         check ListenStream= in rdma-collector.socket",
+    )
+}
+
 fn main() {
+    // The hidden `--generate-docs DIR`: man pages and completions for the package.
+    rdma_cli::docs::generate_if_asked(<Args as clap::CommandFactory>::command);
     let args = Args::parse();
     logging::init(args.log_format, "info");
     if let Err(e) = run(args) {
@@ -158,8 +180,11 @@ fn run(args: Args) -> Result<()> {
         idle_timeout: args.idle_timeout,
     };
     raise_fd_limit();
-    let collector =
-        Collector::bind(&args.socket, quotas.clone(), args.tenant_by)?.with_bounds(bounds);
+    let collector = match inherited_listener()? {
+        Some(listener) => Collector::from_listener(listener, quotas.clone(), args.tenant_by)?,
+        None => Collector::bind(&args.socket, quotas.clone(), args.tenant_by)?,
+    }
+    .with_bounds(bounds);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

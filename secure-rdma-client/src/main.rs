@@ -159,6 +159,8 @@ fn parse(line: &str) -> Result<Option<Cmd<'_>>, String> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // The hidden `--generate-docs DIR`: man pages and completions for the package.
+    rdma_cli::docs::generate_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
     logging::init(cli.log_format, "warn");
     std::process::exit(run(cli).await);

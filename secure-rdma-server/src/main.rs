@@ -329,6 +329,8 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
 
 #[tokio::main]
 async fn main() {
+    // The hidden `--generate-docs DIR`: man pages and completions for the package.
+    rdma_cli::docs::generate_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
     logging::init(cli.opts.log_format, "info");
     let result = match cli.command {

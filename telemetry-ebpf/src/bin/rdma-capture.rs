@@ -254,6 +254,8 @@ fn is_dash(path: &Path) -> bool {
 }
 
 fn main() {
+    // The hidden `--generate-docs DIR`: man pages and completions for the package.
+    rdma_cli::docs::generate_if_asked(<Args as clap::CommandFactory>::command);
     let args = Args::parse();
     logging::init(args.log_format, "warn");
     if let Err(e) = run(&args) {

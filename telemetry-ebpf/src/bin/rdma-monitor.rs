@@ -117,6 +117,8 @@ fn tenant_by(kind: String) -> TenantBy {
 }
 
 fn main() {
+    // The hidden `--generate-docs DIR`: man pages and completions for the package.
+    rdma_cli::docs::generate_if_asked(<Args as clap::CommandFactory>::command);
     let args = Args::parse();
     logging::init(args.log_format, "info");
     let runtime = tokio::runtime::Builder::new_current_thread()
