@@ -348,6 +348,41 @@ impl ServerMetrics {
             .inc();
     }
 
+    /// The series one session of `tenant` on `device` writes to per message, looked up once:
+    /// counting a message is then an atomic add, with no label allocated or hashed on the data
+    /// path.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use secure_rdma::handshake::Op;
+    /// use secure_rdma::metrics::ServerMetrics;
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// let session = metrics.session("alice", "rxe-a");
+    /// session.received(Op::Send, 5);
+    /// session.post_send(Duration::from_micros(3));
+    /// ```
+    pub fn session(&self, tenant: &str, device: &str) -> SessionMetrics {
+        let of = |op: &'static str| {
+            let labels = TenantOpLabels {
+                tenant: tenant.to_owned(),
+                op,
+            };
+            (
+                self.messages.get_or_create_owned(&labels),
+                self.bytes.get_or_create_owned(&labels),
+            )
+        };
+        SessionMetrics {
+            send: of("send"),
+            write: of("write"),
+            post_send: self.verb_duration.get_or_create_owned(&DeviceVerbLabels {
+                device: device.to_owned(),
+                verb: TimedVerb::PostSend.label(),
+            }),
+        }
+    }
+
     /// Records that `verb` took `took` on `device`.
     pub fn verb(&self, device: &str, verb: TimedVerb, took: Duration) {
         self.verb_duration
@@ -356,6 +391,32 @@ impl ServerMetrics {
                 verb: verb.label(),
             })
             .observe(took.as_secs_f64());
+    }
+}
+
+/// One session's message counters and its post-send latency histogram, from
+/// [`ServerMetrics::session`].
+#[derive(Debug, Clone)]
+pub struct SessionMetrics {
+    send: (Counter, Counter),
+    write: (Counter, Counter),
+    post_send: Histogram,
+}
+
+impl SessionMetrics {
+    /// Counts one message of `bytes` (`secure_rdma_messages_received_total` and its bytes).
+    pub fn received(&self, op: Op, bytes: usize) {
+        let (messages, total) = match op {
+            Op::Send => &self.send,
+            Op::Write => &self.write,
+        };
+        messages.inc();
+        total.inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
+    }
+
+    /// Records one acknowledgement's post on the streaming data path.
+    pub fn post_send(&self, took: Duration) {
+        self.post_send.observe(took.as_secs_f64());
     }
 }
 

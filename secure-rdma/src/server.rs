@@ -1073,6 +1073,7 @@ async fn serve_session(
     cfg.metrics.established(accepted.elapsed());
     // Counted until the session's resources are freed, below.
     let active = cfg.metrics.session_started(device.name());
+    let traffic = cfg.metrics.session(&identity, device.name());
     let w = *session.wiring();
     // QPNs, rkeys and addresses help an attacker aim (ReDMArk): debug only.
     tracing::debug!(
@@ -1140,7 +1141,7 @@ async fn serve_session(
                 };
                 seq += 1;
                 let op = arrival.op();
-                cfg.metrics.received(&identity, op, arrival.data().len());
+                traffic.received(op, arrival.data().len());
                 let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);
                 match &shared.handler {
                     None => log_arrival(&identity, op, seq, arrival.data(), &mut content_log),
@@ -1173,7 +1174,7 @@ async fn serve_session(
                     if let Err(e) = session.post(Op::Send, &record).await {
                         break format!("RDMA error: {e}");
                     }
-                    cfg.metrics.verb(device.name(), TimedVerb::PostSend, posting.elapsed());
+                    traffic.post_send(posting.elapsed());
                     continue;
                 }
                 let ack = Message::Ack { op, seq, bytes };
