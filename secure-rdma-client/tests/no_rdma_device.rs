@@ -19,25 +19,12 @@ async fn a_server_without_rdma_refuses_with_the_fix_and_exit_code_3() {
     let certs = dir.path().join("certs");
     secure_rdma::certs::init(&certs, &["localhost".into(), "127.0.0.1".into()]).expect("certs");
     secure_rdma::certs::issue_client(&certs, "alice").expect("client cert");
+    // secure-server's defaults, but two clients, no CRL and a short idle timeout.
     let server = Server::bind(ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("address"),
         max_clients: 2,
-        device: None,
-        gid_index: None,
-        buffer_size: 4096,
-        ca: certs.join("ca.pem"),
-        cert: certs.join("server.pem"),
-        key: certs.join("server.key"),
         crl: None,
-        handshake_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(30),
-        quotas: None,
-        protection: Default::default(),
-        allow_gid_mismatch: false,
-        auth_failures: Default::default(),
-        metrics: Default::default(),
-        limits: Default::default(),
-        poll: Default::default(),
+        ..ServerConfig::new("127.0.0.1:0".parse().expect("address"), &certs)
     })
     .await
     .expect("the server starts without RDMA");

@@ -109,8 +109,9 @@ fn server_exposition() -> String {
         max: 1,
     }));
     metrics.rejected(PENDING_LIMIT);
-    metrics.received("alice", Op::Send, 64);
-    metrics.received("alice", Op::Write, 4096);
+    let alice = metrics.session("alice", "rxe-a");
+    alice.received(Op::Send, 64);
+    alice.received(Op::Write, 4096);
     metrics.auth_failure("mallory");
     metrics.verb("rxe-a", TimedVerb::QpSetup, Duration::from_millis(3));
     metrics.verb("rxe-a", TimedVerb::QpConfirm, Duration::from_millis(1));

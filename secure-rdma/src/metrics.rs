@@ -324,21 +324,6 @@ impl ServerMetrics {
         ActiveSession { gauge }
     }
 
-    /// Counts one message of `bytes` from `tenant`.
-    pub fn received(&self, tenant: &str, op: Op, bytes: usize) {
-        let labels = TenantOpLabels {
-            tenant: tenant.to_owned(),
-            op: match op {
-                Op::Send => "send",
-                Op::Write => "write",
-            },
-        };
-        self.messages.get_or_create(&labels).inc();
-        self.bytes
-            .get_or_create(&labels)
-            .inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
-    }
-
     /// Counts one message of `tenant` that failed authentication.
     pub fn auth_failure(&self, tenant: &str) {
         self.auth_failures
@@ -464,9 +449,10 @@ mod tests {
         metrics.handshake(HandshakeOutcome::TlsFailed);
         metrics.rejected(rejection_reason(&RejectReason::ShuttingDown));
         metrics.rejected(PENDING_LIMIT);
-        metrics.received("alice", Op::Send, 100);
-        metrics.received("alice", Op::Send, 28);
-        metrics.received("alice", Op::Write, 4096);
+        let alice = metrics.session("alice", "rxe-a");
+        alice.received(Op::Send, 100);
+        alice.received(Op::Send, 28);
+        alice.received(Op::Write, 4096);
         metrics.auth_failure("mallory");
         metrics.verb("rxe-a", TimedVerb::QpSetup, Duration::from_millis(5));
         let text = render(&kept);

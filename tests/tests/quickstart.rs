@@ -52,7 +52,7 @@ fn the_readme_quick_start_runs_as_an_ordinary_user_without_rdma() {
         bin_dir().display(),
         lines.collect::<Vec<_>>().join("\n")
     );
-    let mut cmd = if nix_is_root() {
+    let mut cmd = if is_root() {
         // setpriv (util-linux) drops to nobody with no supplementary groups; HOME and TMPDIR
         // point where nobody may write.
         let mut c = Command::new("setpriv");
@@ -101,7 +101,7 @@ fn the_readme_quick_start_runs_as_an_ordinary_user_without_rdma() {
 }
 
 /// Whether this process runs as root (the quick start then runs as nobody).
-fn nix_is_root() -> bool {
+fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
