@@ -47,9 +47,36 @@ fn the_readme_quick_start_runs_as_an_ordinary_user_without_rdma() {
         first.starts_with("cargo build --release"),
         "the block starts by building: {first}"
     );
+    // The block runs in a staged copy (the tools and the sample it reads, in a 0755 directory):
+    // a checkout under a 0700 directory, as CI's clones are, is out of nobody's reach.
+    let stage = tempfile::tempdir().expect("tempdir");
+    let bin = stage.path().join("bin");
+    let samples = stage.path().join("roce/samples");
+    std::fs::create_dir_all(&bin).expect("stage bin");
+    std::fs::create_dir_all(&samples).expect("stage samples");
+    for tool in [
+        "secure-server",
+        "secure-client",
+        "rdma-capture",
+        "rdma-monitor",
+    ] {
+        std::fs::copy(bin_dir().join(tool), bin.join(tool)).unwrap_or_else(|e| {
+            panic!("staging {tool} (build it with cargo build --workspace --bins): {e}")
+        });
+    }
+    std::fs::copy(
+        root.join("roce/samples/rc-session.pcapng"),
+        samples.join("rc-session.pcapng"),
+    )
+    .expect("stage the sample capture");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(stage.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("stage readable by all");
+    }
     let script = format!(
         "set -u\nexport PATH={}:$PATH\n{}\nrm -rf \"$Q\"\n",
-        bin_dir().display(),
+        bin.display(),
         lines.collect::<Vec<_>>().join("\n")
     );
     let mut cmd = if is_root() {
@@ -72,7 +99,7 @@ fn the_readme_quick_start_runs_as_an_ordinary_user_without_rdma() {
         c
     };
     let out = cmd
-        .current_dir(root)
+        .current_dir(stage.path())
         .env("HOME", "/tmp")
         .env("TMPDIR", "/tmp")
         .output()
