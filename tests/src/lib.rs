@@ -45,26 +45,56 @@ pub fn netdev_counter(dev: &str, counter: &str) -> u64 {
 
 /// Waits for a child with a deadline; kills it and fails the test on expiry,
 /// so a hung verbs process never hangs the suite.
+///
+/// Its stdout and stderr (when piped) are read while it runs: a child that writes more than a
+/// pipe holds (64 KiB) would otherwise block in write(2) and look hung.
 pub fn wait_with_deadline(mut child: Child, deadline: Duration, what: &str) -> Output {
+    fn drain(
+        pipe: Option<impl std::io::Read + Send + 'static>,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                // A read error ends the capture; what arrived before it is kept.
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let start = Instant::now();
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => break,
+            Ok(Some(status)) => break status,
             Ok(None) if start.elapsed() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok(None) => {
                 let _ = child.kill();
-                let out = child.wait_with_output().expect("collect output");
+                let _ = child.wait();
+                // A grandchild may still hold the pipe open: do not wait for it for long.
+                let gave_up = Instant::now() + Duration::from_secs(2);
+                while !stderr.is_finished() && Instant::now() < gave_up {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let stderr = match stderr.is_finished() {
+                    true => stderr.join().unwrap_or_default(),
+                    false => b"(still held open by another process)".to_vec(),
+                };
                 panic!(
                     "{what} still running after {deadline:?}; stderr:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
+                    String::from_utf8_lossy(&stderr)
                 );
             }
             Err(e) => panic!("waiting for {what}: {e}"),
         }
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
     }
-    child.wait_with_output().expect("collect output")
 }
 
 /// Starts a command with piped stdout/stderr.
@@ -205,5 +235,39 @@ impl LabClientArgs {
             timeout,
             ..secure_rdma::client::ClientConfig::new(&self.host)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child that writes more than a pipe holds (64 KiB) before it exits: `secure-client
+    /// bench hold -n 1000` logs a line per session. Waiting without reading its pipes left it
+    /// blocked in write(2) until the deadline killed it.
+    #[test]
+    fn a_child_with_more_output_than_a_pipe_holds_finishes_and_all_of_it_is_kept() {
+        let script =
+            "head -c 1048576 /dev/zero | tr '\\0' e >&2; head -c 300000 /dev/zero | tr '\\0' o";
+        let out = wait_with_deadline(
+            spawn(Command::new("sh").args(["-c", script])),
+            Duration::from_secs(20),
+            "a chatty child",
+        );
+        assert!(out.status.success(), "{:?}", out.status);
+        assert_eq!(out.stderr.len(), 1 << 20);
+        assert!(out.stderr.iter().all(|&b| b == b'e'));
+        assert_eq!(out.stdout.len(), 300_000);
+    }
+
+    /// A child that never exits is killed at the deadline, and what it said is in the panic.
+    #[test]
+    #[should_panic(expected = "still running after")]
+    fn a_hung_child_is_killed_at_the_deadline() {
+        wait_with_deadline(
+            spawn(Command::new("sh").args(["-c", "echo started >&2; exec sleep 60"])),
+            Duration::from_millis(300),
+            "a hung child",
+        );
     }
 }
