@@ -172,6 +172,7 @@ for r in $(seq "$ROUNDS"); do
     for phase in tcp_tls admission rdma_setup confirmation; do
         row "$r" secure-rdma "connect:$phase" 0 protected per_connection_us "$(jq ".phases_us.$phase.mean" <<<"$j")" us
     done
+    row "$r" secure-rdma connect:first 0 protected per_connection_us "$(jq .first_connection_us <<<"$j")" us
     row "$r" rping process 64 none ms "$(process_ms timeout 60 rping -c -a 10.77.0.1 -p $RPING_PORT -C 1 -S 64)" ms
     row "$r" secure-rdma process 64 protected ms \
         "$(process_ms "${CLIENT[@]/4800/4801}" -e "send $(printf 'p%.0s' $(seq 64))" -e quit)" ms

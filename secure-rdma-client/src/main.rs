@@ -590,6 +590,8 @@ mod tests {
         let connect = serde_json::to_value(bench::ConnectReport {
             connections: 2,
             concurrency: 1,
+            first_connection_us: 9.0,
+            tls_resumed: 2,
             per_connection_us: s,
             phases_us: bench::PhaseSummaries {
                 tcp_tls: s,
@@ -601,6 +603,8 @@ mod tests {
         })
         .unwrap();
         assert_eq!(connect["connections"], 2);
+        assert_eq!(connect["first_connection_us"], 9.0);
+        assert_eq!(connect["tls_resumed"], 2);
         for k in ["p50", "p99", "mean"] {
             assert!(connect["per_connection_us"][k].is_number(), "{k}");
         }

@@ -351,3 +351,74 @@ async fn certs_init_keeps_the_ca_key_apart_and_a_revoked_client_is_refused_at_tl
     assert!(!nobody.status.success());
     assert!(String::from_utf8_lossy(&nobody.stderr).contains("no client certificate of that name"));
 }
+
+/// TLS resumption must not outlive a revocation. A client that connects again resumes its
+/// session with a ticket, and rustls does not ask the certificate verifier (with its CRL) about
+/// a resumed session: it carries the certificate checked when the session was made. The attack:
+/// keep the ticket from before the revocation and connect with it. The server builds a new TLS
+/// configuration, with a new session cache, whenever the CRL changes, so the ticket names
+/// nothing and the client must show its (revoked) certificate again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_resumed_from_before_a_revocation_is_refused() {
+    use secure_rdma::client::Connector;
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("certs");
+    let d = dir.to_str().expect("utf-8");
+    for args in [
+        &["init", "--dir", d, "--san", "127.0.0.1"][..],
+        &["client", "alice", "--dir", d],
+    ] {
+        let out = certs_cli(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let server = Server::start(&dir, 1024, &[]);
+    let connector = Connector::new(ClientConfig {
+        port: server.port,
+        ca: dir.join("ca.pem"),
+        identity: Some((dir.join("alice.pem"), dir.join("alice.key"))),
+        timeout: Duration::from_secs(20),
+        ..ClientConfig::new("127.0.0.1")
+    });
+    // Lines of the server's log with `needle`, waiting up to 10 s for `n` of them.
+    let seen = |needle: &str, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut found = 0;
+        while found < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match server.lines.recv_timeout(left) {
+                Ok(l) => found += usize::from(l.contains(needle)),
+                Err(_) => break,
+            }
+        }
+        found
+    };
+    // Twice through TLS (the host has no RDMA: "rejected" is the proof of getting through);
+    // the second time with the first one's ticket.
+    for _ in 0..2 {
+        let got = connector.connect_timed().await.map(|_| ());
+        assert!(matches!(got, Err(ClientError::Rejected(_))), "{got:?}");
+    }
+    assert_eq!(
+        seen(r#""tls":"resumed""#, 1),
+        1,
+        "the second connection did not resume"
+    );
+
+    let out = certs_cli(&["revoke", "alice", "--dir", d]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same connector, holding the ticket from before the revocation.
+    match connector.connect_timed().await.map(|_| ()) {
+        Err(e @ ClientError::Tls(_)) => {
+            assert!(e.to_string().to_lowercase().contains("revoked"), "{e}");
+        }
+        other => panic!("a revoked client resumed its session: {other:?}"),
+    }
+}

@@ -338,11 +338,17 @@ pub struct Phases {
     pub rdma_setup: Duration,
     /// Tokens over RDMA and confirmations over TLS.
     pub confirmation: Duration,
+    /// The TLS handshake resumed an earlier session of this [`Connector`] (a ticket: no
+    /// certificates sent or verified, a fresh ECDHE all the same).
+    pub tls_resumed: bool,
 }
 
 /// Makes many connections with one configuration: the TLS configuration (certificates read and
 /// parsed) and the RDMA device (opened once, `ibv_open_device` and GID table read) are made on
 /// first use and shared by every connection, as one process serving many sessions should.
+/// Later connections resume the TLS session of an earlier one (the server's tickets), which
+/// skips the certificate signatures; a server that reloaded its revocation list since honours
+/// no earlier ticket.
 /// [`Client::connect`] is a connector used once.
 ///
 /// ```no_run
@@ -467,11 +473,7 @@ impl Connector {
             }
         })?;
         let tcp_tls = started.elapsed();
-        let conn = &tls.get_ref().1;
-        let tokens = Tokens {
-            mine: tls::confirmation_token(conn, Side::Client)?,
-            peer: tls::confirmation_token(conn, Side::Server)?,
-        };
+        let tls_resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
         let mut chan = Channel::new(tls);
         chan.send(&Message::Hello {
             version: VERSION,
@@ -486,6 +488,13 @@ impl Connector {
         .await
         .map_err(tls_or)?;
         let admission_started = Instant::now();
+        // Derived while the hello travels and the server admits us (a few hundred microseconds
+        // under emulation), not before the hello leaves.
+        let conn = &chan.get_ref().get_ref().1;
+        let tokens = Tokens {
+            mine: tls::confirmation_token(conn, Side::Client)?,
+            peer: tls::confirmation_token(conn, Side::Server)?,
+        };
         let verdict = tokio::time::timeout(cfg.timeout, chan.expect_verdict())
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
@@ -585,6 +594,7 @@ impl Connector {
                 .elapsed()
                 .saturating_sub(tcp_tls + admission + timing.confirmation),
             confirmation: timing.confirmation,
+            tls_resumed,
         };
         let client = Client {
             session,

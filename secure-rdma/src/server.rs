@@ -305,10 +305,36 @@ struct Devices {
     fixed: Option<Arc<Device>>,
     gid_index: Option<u32>,
     cache: Mutex<HashMap<String, Arc<Device>>>,
+    /// The device and GID last chosen for each local address. Reading the whole GID table per
+    /// connection cost most of a millisecond of every handshake; a cached choice is checked
+    /// with one query instead, and chosen afresh when its entry changed.
+    chosen: Mutex<HashMap<IpAddr, (Arc<Device>, GidEntry)>>,
 }
 
 impl Devices {
     fn resolve(&self, local: IpAddr) -> Result<(Arc<Device>, GidEntry), VerbsError> {
+        let cached = self
+            .chosen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&local)
+            .cloned();
+        if let Some((dev, gid)) = cached {
+            if dev.gid_still_at(&gid) {
+                return Ok((dev, gid));
+            }
+            tracing::info!(device = dev.name(), %local, index = gid.index, "GID table changed; choosing the GID again");
+        }
+        let (dev, gid) = self.choose(local)?;
+        self.chosen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(local, (Arc::clone(&dev), gid.clone()));
+        Ok((dev, gid))
+    }
+
+    /// The device and GID for connections to `local`, from the GID tables.
+    fn choose(&self, local: IpAddr) -> Result<(Arc<Device>, GidEntry), VerbsError> {
         let selector = match self.gid_index {
             Some(i) => GidSelector::Index(i),
             None => GidSelector::Address(local),
@@ -483,6 +509,7 @@ impl Server {
                 fixed,
                 gid_index: config.gid_index,
                 cache: Mutex::new(HashMap::new()),
+                chosen: Mutex::new(HashMap::new()),
             },
             tls: Mutex::new(Tls {
                 acceptor: TlsAcceptor::from(tls),
@@ -812,25 +839,18 @@ async fn serve(
             return failed(HandshakeOutcome::TlsFailed);
         }
     };
-    let tokens = match (
-        tls::confirmation_token(conn_state, Side::Server),
-        tls::confirmation_token(conn_state, Side::Client),
-    ) {
-        (Ok(mine), Ok(peer_token)) => Tokens {
-            mine,
-            peer: peer_token,
-        },
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(client = %identity, error = %e, "TLS exporter failed");
-            return failed(HandshakeOutcome::Failed);
-        }
-    };
     let chan = Channel::new(tls);
     // An explicit root: a connection's span must never nest under whatever
     // span happens to be current on the accepting thread.
-    let span = tracing::info_span!(parent: None, "client", id = %identity, %peer);
+    // Whether the TLS handshake resumed an earlier session rides on every line of the
+    // connection's log: a resumed session was authenticated by the certificate checked then.
+    let tls = match chan.get_ref().get_ref().1.handshake_kind() {
+        Some(rustls::HandshakeKind::Resumed) => "resumed",
+        _ => "full",
+    };
+    let span = tracing::info_span!(parent: None, "client", id = %identity, %peer, tls);
     async move {
-        let admitted = admit(chan, identity, local_ip, peer.ip(), tokens, &shared, &stop).await;
+        let admitted = admit(chan, identity, local_ip, peer.ip(), &shared, &stop).await;
         // Admitted or not, this connection is no longer pending.
         drop(pending);
         match admitted {
@@ -878,7 +898,6 @@ async fn admit(
     identity: String,
     local_ip: IpAddr,
     peer_ip: IpAddr,
-    tokens: Tokens,
     shared: &Arc<Shared>,
     stop: &watch::Receiver<bool>,
 ) -> Result<Admitted, Outcome> {
@@ -909,17 +928,6 @@ async fn admit(
     let cipher = match cfg.protection.choose(&hello.ciphers) {
         Ok(c) => c,
         Err(reason) => return Err(reject(&cfg.metrics, &mut chan, reason).await),
-    };
-    let protection = match cipher {
-        None => None,
-        Some(c) => match tls::payload_protection(chan.get_ref().get_ref().1, Side::Server, c) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                tracing::error!(error = %e, "TLS exporter failed");
-                cfg.metrics.handshake(HandshakeOutcome::Failed);
-                return Err(Outcome::Failed);
-            }
-        },
     };
     // One identity cannot hold every slot.
     let identity_session = match IdentitySession::take(shared, &identity) {
@@ -970,7 +978,7 @@ async fn admit(
         recv_slots: RDMA_WINDOW,
         send_slots: rdma_window.unwrap_or(1),
         write_slots: rdma_window.unwrap_or(1),
-        protected: protection.is_some(),
+        protected: cipher.is_some(),
         accept_writes: true,
         peer_address: (!cfg.allow_gid_mismatch).then_some(peer_ip),
         ..SessionConfig::default()
@@ -1014,12 +1022,23 @@ async fn admit(
         cfg.metrics.handshake(HandshakeOutcome::Failed);
         return Err(Outcome::Failed);
     }
+    // The confirmation tokens and payload keys are derived while the accept travels: the
+    // client needs neither before it has made its QP, and under emulation the four exporter
+    // calls take a few hundred microseconds of the handshake.
+    let secrets = match derive_secrets(chan.get_ref().get_ref().1, cipher) {
+        Ok(secrets) => secrets,
+        Err(e) => {
+            tracing::error!(error = %e, "TLS exporter failed");
+            cfg.metrics.handshake(HandshakeOutcome::Failed);
+            return Err(Outcome::Failed);
+        }
+    };
     Ok(Admitted {
         chan,
         identity,
         device,
         sgid,
-        secrets: Secrets { tokens, protection },
+        secrets,
         session_cfg,
         rdma_acks: rdma_window.is_some(),
         held: Held {
@@ -1028,6 +1047,23 @@ async fn admit(
             _slot: slot,
         },
     })
+}
+
+/// The server's confirmation tokens (its own and the one it expects) and, with a cipher, its
+/// payload keys, from the TLS session's exporter.
+fn derive_secrets(
+    conn: &rustls::ServerConnection,
+    cipher: Option<crate::protect::Cipher>,
+) -> Result<Secrets, tls::TlsError> {
+    let tokens = Tokens {
+        mine: tls::confirmation_token(conn, Side::Server)?,
+        peer: tls::confirmation_token(conn, Side::Client)?,
+    };
+    let protection = match cipher {
+        None => None,
+        Some(c) => Some(tls::payload_protection(conn, Side::Server, c)?),
+    };
+    Ok(Secrets { tokens, protection })
 }
 
 /// Steps 3–6: RDMA setup and confirmation, then the client's operations

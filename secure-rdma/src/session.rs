@@ -235,16 +235,14 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
-/// What was set on the QP and what the device reports back, for audits and
-/// tests (PSNs are secrets: log them at debug level only).
+/// What was set on the QP, for audits and tests (PSNs are secrets: log them at debug level
+/// only). [`Session::query`] reads back what the device holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Wiring {
     /// Our endpoint as sent to the peer.
     pub local: Endpoint,
     /// The peer's endpoint as received.
     pub remote: Endpoint,
-    /// `ibv_query_qp` right after RTS.
-    pub queried: QpAttributes,
 }
 
 /// How long [`Session::establish`] took, in its two phases (for benchmarks).
@@ -433,17 +431,22 @@ impl Session {
             path_mtu: local.mtu.min(remote.mtu),
         })?;
         let mut qp = qp.into_rts(RtsParams { local_psn: psn })?;
-        let queried = qp.query()?;
-        tracing::debug!(
-            qpn = %qp.qpn(),
-            local_psn = psn.get(),
-            remote_qpn = %remote.qpn,
-            remote_psn = remote.psn.get(),
-            sq_psn = queried.sq_psn,
-            rq_psn = queried.rq_psn,
-            dest_qpn = queried.dest_qpn,
-            "QP in RTS"
-        );
+        // What the device reports back, for audits: ibv_query_qp is a system call, which costs
+        // a quarter of a millisecond of every handshake under emulation, so only when it is
+        // logged ([`Session::query`] asks on demand).
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let queried = qp.query()?;
+            tracing::debug!(
+                qpn = %qp.qpn(),
+                local_psn = psn.get(),
+                remote_qpn = %remote.qpn,
+                remote_psn = remote.psn.get(),
+                sq_psn = queried.sq_psn,
+                rq_psn = queried.rq_psn,
+                dest_qpn = queried.dest_qpn,
+                "QP in RTS"
+            );
+        }
 
         // Both QPs in RTS before the first RDMA message.
         chan.send(&Message::Ready).await?;
@@ -502,11 +505,7 @@ impl Session {
                 write_slots,
                 ..config
             },
-            wiring: Wiring {
-                local,
-                remote,
-                queried,
-            },
+            wiring: Wiring { local, remote },
             timing: EstablishTiming {
                 setup,
                 confirmation: started.elapsed().saturating_sub(setup),
@@ -526,9 +525,15 @@ impl Session {
         self.qp.recv_cq().set_poll(poll);
     }
 
-    /// What was exchanged and read back while connecting.
+    /// What was exchanged while connecting.
     pub fn wiring(&self) -> &Wiring {
         &self.wiring
+    }
+
+    /// What the device reports for this session's QP now (`ibv_query_qp`): its state, PSNs
+    /// and peer QPN, to check against [`Session::wiring`].
+    pub fn query(&self) -> Result<QpAttributes, VerbsError> {
+        self.qp.query()
     }
 
     /// The cipher protecting payloads, `None` when they travel in clear.

@@ -138,12 +138,24 @@ pub fn server_config_with_crl(
         builder = builder.with_crls(crls).only_check_end_entity_revocation();
     }
     let verifier = builder.build()?;
-    let config = ServerConfig::builder_with_provider(provider())
+    let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
         .with_single_cert(load_certs(cert)?, load_key(key)?)?;
+    // Resumption: a client that connects again resumes its session (a ticket naming an entry
+    // of this cache) and skips the certificate signatures, a third of the setup under
+    // emulation. A resumed session carries the certificate verified when it was made, and the
+    // verifier is not asked again, so the cache belongs to this configuration alone: the server
+    // builds a new one when the CRL changes, and every session made before a revocation is
+    // forgotten with the old cache (tested in hostile_peers.rs). rustls sends two tickets per
+    // handshake, so a client may open two connections at once and resume both.
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
     Ok(Arc::new(config))
 }
+
+/// Sessions a server configuration remembers for resumption (the oldest are forgotten first,
+/// and their clients make a full handshake).
+const SESSION_CACHE: usize = 1024;
 
 /// Client configuration: TLS 1.3 only, server verified against `ca`, our
 /// certificate presented for client authentication.

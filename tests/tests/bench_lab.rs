@@ -70,6 +70,14 @@ fn bench_connect_send_write_print_sane_json() {
     for phase in ["tcp_tls", "admission", "rdma_setup", "confirmation"] {
         sane_summary(&v["phases_us"][phase], phase);
     }
+    // The first connection (the device opened, a full TLS handshake) is reported apart; the
+    // ten after it resume its TLS session (the server issues a ticket per handshake), which is
+    // what the server's log says too.
+    assert!(
+        v["first_connection_us"].as_f64().unwrap_or(0.0) > 0.0,
+        "{v}"
+    );
+    assert_eq!(v["tls_resumed"], 10, "{v}");
 
     // The streaming data path (acknowledgements over RDMA, a window in flight) for both
     // operations, and the TLS-acknowledged path of the interactive client.

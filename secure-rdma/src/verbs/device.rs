@@ -237,6 +237,15 @@ impl Device {
         Ok(select_gid(&self.name, &table, selector)?)
     }
 
+    /// Whether `entry` is still in the GID table at its index: one `ibv_query_gid_ex`, where
+    /// [`Device::gid_table`] also reads each entry's type and netdev from sysfs (under
+    /// emulation, most of a millisecond). An address removed or moved changes the entry.
+    pub fn gid_still_at(&self, entry: &GidEntry) -> bool {
+        self.ctx
+            .query_gid_ex(entry.port, entry.index)
+            .is_ok_and(|now| Gid(now.gid().raw) == entry.gid)
+    }
+
     /// The active MTU of the port, the largest path MTU worth using.
     pub fn active_mtu(&self) -> Result<PathMtu, VerbsError> {
         let port = self
