@@ -285,3 +285,68 @@ fn soak_in_process_sessions_leave_nothing_behind_and_flat_rss() {
         "server RSS grew from {rss_warm} KiB to {rss_end} KiB (allowed +{allowed} KiB): {rss:?}"
     );
 }
+
+/// The idle timeout counts from the last message, not from the session's start: a client that
+/// keeps sending with gaps shorter than `--idle-timeout` stays, for longer than the timeout in
+/// all, and one that falls silent is told goodbye once the timeout has passed since its last
+/// message.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn the_idle_timeout_counts_from_the_last_message() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["quiet".to_owned()]);
+    let server = ServerProc::start(&pki, 4606, &["--idle-timeout", "2"]);
+    let cfg = secure_rdma_tests::LabClientArgs {
+        host: ADDR_A.to_owned(),
+        port: server.port,
+        certs: pki.dir().to_owned(),
+        name: "quiet".to_owned(),
+    }
+    .config(STEP);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut client = secure_rdma::client::Client::connect(&cfg)
+            .await
+            .expect("connect");
+        let started = Instant::now();
+        // 4 messages 0.8 s apart: 2.4 s of traffic, more than the 2 s timeout.
+        for i in 1..=4u64 {
+            if i > 1 {
+                tokio::time::sleep(Duration::from_millis(800)).await;
+            }
+            let ack = client
+                .send(format!("still here {i}").as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("message {i} after {:?}: {e}", started.elapsed()));
+            assert_eq!(ack.seq, i);
+        }
+        let last = Instant::now();
+        let ended = tokio::time::timeout(STEP, client.closed())
+            .await
+            .expect("the server never ended the silent session");
+        let quiet = last.elapsed();
+        assert!(ended.is_ok(), "{ended:?}");
+        assert!(
+            quiet >= Duration::from_secs(2),
+            "ended {quiet:?} after the last message: the timeout is 2 s"
+        );
+    });
+    server
+        .log
+        .wait_for("idle", 1, STEP, |l| l.contains("idle for 2s"));
+    assert_eq!(
+        server
+            .log
+            .snapshot()
+            .iter()
+            .filter(|l| l.contains("client gone"))
+            .count(),
+        1,
+        "one session, ended once"
+    );
+}
