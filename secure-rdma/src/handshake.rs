@@ -249,6 +249,13 @@ pub enum AbortReason {
         /// The limit, in seconds.
         seconds: u64,
     },
+    /// The server could not make this session's RDMA resources or bring its QP up (after the
+    /// accept: memory registration without `CAP_IPC_LOCK`, a device gone, an endpoint it
+    /// refused). The fix is usually on the server's side, so it says what failed.
+    RdmaSetup {
+        /// The server's error.
+        detail: String,
+    },
 }
 
 impl std::fmt::Display for AbortReason {
@@ -261,6 +268,11 @@ impl std::fmt::Display for AbortReason {
             AbortReason::Lifetime { seconds } => write!(
                 f,
                 "the session reached the server's maximum lifetime of {seconds} s; reconnect"
+            ),
+            AbortReason::RdmaSetup { detail } => write!(
+                f,
+                "the server could not set up RDMA for this session ({detail}); \
+                 the fix is on the server's side: tell its operator"
             ),
         }
     }
@@ -569,6 +581,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 endpoint.validate()?;
                 Ok(endpoint)
             }
+            // The server's side of the setup failed, and it says why.
+            Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
             other => Err(unexpected(Kind::Endpoint, &other)),
         }
     }
@@ -577,6 +591,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     pub async fn expect_ready(&mut self) -> Result<(), HandshakeError> {
         match self.recv::<Message>().await? {
             Message::Ready => Ok(()),
+            // The server's side of the setup failed, and it says why.
+            Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
             other => Err(unexpected(Kind::Ready, &other)),
         }
     }
@@ -585,6 +601,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     pub async fn expect_confirmed(&mut self) -> Result<(), HandshakeError> {
         match self.recv::<Message>().await? {
             Message::Confirmed => Ok(()),
+            // The server's side of the setup failed, and it says why.
+            Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
             other => Err(unexpected(Kind::Confirmed, &other)),
         }
     }
@@ -732,6 +750,32 @@ mod tests {
             HandshakeError::Aborted(AbortReason::AuthenticationFailed)
         ));
         assert!(err.to_string().contains("failed authentication"), "{err}");
+
+        // The server's setup failing, at each setup step, reaches the client with its error.
+        for step in 0..3 {
+            a.send(&Message::Abort {
+                reason: AbortReason::RdmaSetup {
+                    detail: "ibv_reg_mr_iova2 failed on rxe-a: Operation not permitted".into(),
+                },
+            })
+            .await
+            .unwrap();
+            let err = match step {
+                0 => b.expect_endpoint().await.unwrap_err(),
+                1 => b.expect_ready().await.unwrap_err(),
+                _ => b.expect_confirmed().await.unwrap_err(),
+            };
+            assert!(
+                matches!(err, HandshakeError::Aborted(AbortReason::RdmaSetup { .. })),
+                "{err:?}"
+            );
+            assert_eq!(
+                err.to_string(),
+                "the server ended the session: the server could not set up RDMA for this \
+                 session (ibv_reg_mr_iova2 failed on rxe-a: Operation not permitted); the fix is \
+                 on the server's side: tell its operator"
+            );
+        }
 
         // A bye where an ack belongs says the peer left.
         a.send(&Message::Bye).await.unwrap();

@@ -1093,6 +1093,15 @@ async fn serve_session(
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "RDMA setup failed; resources freed");
             cfg.metrics.handshake(HandshakeOutcome::Failed);
+            // The client waits for our endpoint or confirmation: tell it why none comes,
+            // rather than close the connection on it (bounded: it may have gone).
+            let abort = Message::Abort {
+                reason: AbortReason::RdmaSetup {
+                    detail: e.to_string(),
+                },
+            };
+            let courtesy = cfg.limits.write_timeout.min(Duration::from_secs(2));
+            let _ = send_within(&mut chan, &abort, courtesy).await;
             return Outcome::Failed;
         }
         Err(_) => {

@@ -504,4 +504,13 @@ fn the_server_serves_as_its_unit_says_with_cap_ipc_lock_instead_of_root() {
         server_log.contains("RDMA setup failed") && server_log.contains("ibv_reg_mr"),
         "refused for another reason than memory registration:\n{server_log}"
     );
+    // And the client is told why, with the server's error, rather than seeing its connection
+    // closed mid-handshake.
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("the server could not set up RDMA for this session")
+            && said.contains("ibv_reg_mr")
+            && said.contains("the fix is on the server's side"),
+        "the client was not told why: {said}"
+    );
 }
