@@ -3,6 +3,8 @@
 
 use std::process::{Command, Output};
 
+mod common;
+
 fn secure_server(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_secure-server"))
         .args(args)
@@ -104,11 +106,8 @@ fn dash_p_listens_on_that_port_and_conflicts_with_listen() {
             let _ = child.kill();
             panic!("secure-server -p {port} not ready within 60 s");
         };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if v["message"] == "secure-server ready" {
-            break v["listen"].as_str().unwrap_or_default().to_owned();
+        if let Some(listen) = common::ready_listen(&line) {
+            break listen;
         }
     };
     let _ = child.kill();

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use secure_rdma::client::{Client, ClientConfig, ClientError};
 
+mod common;
+
 struct Server {
     child: Child,
     port: u16,
@@ -63,16 +65,8 @@ impl Server {
             let line = lines
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .expect("secure-server ready within 60 s");
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if v["message"] == "secure-server ready" {
-                let listen = v["listen"].as_str().expect("listen field");
-                break listen
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| p.parse().ok())
-                    .expect("port");
+            if let Some(port) = common::ready_port(&line) {
+                break port;
             }
         };
         Server {

@@ -10,6 +10,8 @@ use secure_rdma::client::{Client, ClientConfig, ClientError};
 use secure_rdma::handshake::RejectReason;
 use secure_rdma::verbs::Device;
 
+mod common;
+
 /// Kills the server even when an assertion fails.
 struct Killed(Child);
 
@@ -61,13 +63,8 @@ async fn without_rdma_the_server_starts_names_the_fix_and_clients_hear_it() {
         if v["level"] == "WARN" && v["message"].as_str().is_some_and(|m| m.contains("RDMA")) {
             warnings.push(v["message"].as_str().unwrap_or_default().to_owned());
         }
-        if v["message"] == "secure-server ready" {
-            let listen = v["listen"].as_str().expect("listen field");
-            break listen
-                .rsplit(':')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .expect("port");
+        if let Some(port) = common::ready_port(&line) {
+            break port;
         }
     };
     assert_eq!(warnings.len(), 1, "{warnings:?}");

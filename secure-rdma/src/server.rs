@@ -265,7 +265,11 @@ impl AuthFailures {
 
     /// All failures so far.
     pub fn total(&self) -> u64 {
-        self.snapshot().values().sum()
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .sum()
     }
 }
 
