@@ -85,13 +85,24 @@ def main() -> int:
         lines.append("")
 
     lines += ["### WRITE bandwidth, MiB/s (ours: a window of 16 acknowledged over RDMA)", "",
-              "| size | ib_write_bw | ours unprotected | of ib_write_bw | ours protected | of ib_write_bw |",
-              "|---:|---:|---:|---:|---:|---:|"]
+              "The server busy-polling (as for the latencies) or event-driven (the default; "
+              "ib_write_bw's passive side sleeps too).", "",
+              "| size | ib_write_bw | ours unprotected, server busy | event | best of ib_write_bw "
+              "| ours protected, server busy | event | best of ib_write_bw |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def best(*xs):
+        xs = [x for x in xs if x is not None]
+        return max(xs) if xs else None
+
     for s in sizes:
         r = med("ib_write_bw", "write", s, "none", "bandwidth_mib_s")
-        u = med("secure-rdma", "write", s, "none", "bandwidth_mib_s")
-        p = med("secure-rdma", "write", s, "protected", "bandwidth_mib_s")
-        lines.append(f"| {s} | {fmt(r)} | {fmt(u)} | {ratio(u, r, True)} | {fmt(p)} | {ratio(p, r, True)} |")
+        cells = [f"| {s} | {fmt(r)} "]
+        for prot in ["none", "protected"]:
+            busy = med("secure-rdma", "write", s, prot, "bandwidth_mib_s")
+            event = med("secure-rdma", "write:event", s, prot, "bandwidth_mib_s")
+            cells.append(f"| {fmt(busy)} | {fmt(event)} | {ratio(best(busy, event), r, True)} ")
+        lines.append("".join(cells) + "|")
     lines.append("")
 
     hold = {k[4]: statistics.median(v) for k, v in values.items() if k[1] == "hold"}
@@ -121,9 +132,10 @@ def main() -> int:
             goals.append(("SEND p50 at 64 B ≤ 1.15× ib_send_lat", u / r <= 1.15, ratio(u, r)))
     if 65536 in sizes:
         r = med("ib_write_bw", "write", 65536, "none", "bandwidth_mib_s")
-        u = med("secure-rdma", "write", 65536, "none", "bandwidth_mib_s")
+        u = best(med("secure-rdma", "write", 65536, "none", "bandwidth_mib_s"),
+                 med("secure-rdma", "write:event", 65536, "none", "bandwidth_mib_s"))
         if r and u:
-            goals.append(("WRITE bandwidth at 64 KiB ≥ 90% of ib_write_bw", u / r >= 0.9, ratio(u, r, True)))
+            goals.append(("WRITE bandwidth at 64 KiB ≥ 90% of ib_write_bw (the better server mode)", u / r >= 0.9, ratio(u, r, True)))
     if hold:
         goals.append((f"{n} sessions established", hold.get("established") == n, fmt(hold.get("established"), 0)))
     lines += ["### Goals", "", "| goal | reached | measured |", "|---|---|---:|"]
@@ -140,8 +152,9 @@ def main() -> int:
         ("lat", "secure-rdma", "write", "none", "latency_p50_us", "WRITE, unprotected"),
         ("lat", "secure-rdma", "write", "protected", "latency_p50_us", "WRITE, protected"),
         ("bw", "ib_write_bw", "write", "none", "bandwidth_mib_s", "ib\\_write\\_bw"),
-        ("bw", "secure-rdma", "write", "none", "bandwidth_mib_s", "WRITE, unprotected"),
-        ("bw", "secure-rdma", "write", "protected", "bandwidth_mib_s", "WRITE, protected"),
+        ("bw", "secure-rdma", "write", "none", "bandwidth_mib_s", "WRITE, unprotected, server busy"),
+        ("bw", "secure-rdma", "write:event", "none", "bandwidth_mib_s", "WRITE, unprotected, server event-driven"),
+        ("bw", "secure-rdma", "write", "protected", "bandwidth_mib_s", "WRITE, protected, server busy"),
     ]
     plots = {"lat": [], "bw": []}
     for i, (panel, tool, op, prot, metric, title) in enumerate(series):
