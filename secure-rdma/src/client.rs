@@ -21,7 +21,7 @@ use crate::handshake::{
 };
 use crate::protect::Cipher;
 use crate::session::Arrival;
-use crate::session::{Secrets, Session, SessionConfig, SessionError, Tokens};
+use crate::session::{Secrets, Session, SessionConfig, SessionError};
 use crate::tls::{self, Side};
 use crate::verbs::{Device, GidSelector, VerbsError};
 
@@ -490,11 +490,7 @@ impl Connector {
         let admission_started = Instant::now();
         // Derived while the hello travels and the server admits us (a few hundred microseconds
         // under emulation), not before the hello leaves.
-        let conn = &chan.get_ref().get_ref().1;
-        let tokens = Tokens {
-            mine: tls::confirmation_token(conn, Side::Client)?,
-            peer: tls::confirmation_token(conn, Side::Server)?,
-        };
+        let tokens = tls::confirmation_tokens(chan.get_ref().get_ref().1, Side::Client)?;
         let verdict = tokio::time::timeout(cfg.timeout, chan.expect_verdict())
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?

@@ -31,7 +31,7 @@ use crate::metrics::{self, HandshakeOutcome, ServerMetrics, TimedVerb};
 use crate::protect::Cipher;
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
 use crate::ratelimit::LogLimiter;
-use crate::session::{Secrets, Session, SessionAdmission, SessionConfig, SessionError, Tokens};
+use crate::session::{Secrets, Session, SessionAdmission, SessionConfig, SessionError};
 use crate::tls::{self, Side};
 use crate::verbs::{Availability, Device, GidEntry, GidSelector, Poll, VerbsError};
 
@@ -1059,10 +1059,7 @@ fn derive_secrets(
     conn: &rustls::ServerConnection,
     cipher: Option<crate::protect::Cipher>,
 ) -> Result<Secrets, tls::TlsError> {
-    let tokens = Tokens {
-        mine: tls::confirmation_token(conn, Side::Server)?,
-        peer: tls::confirmation_token(conn, Side::Client)?,
-    };
+    let tokens = tls::confirmation_tokens(conn, Side::Server)?;
     let protection = match cipher {
         None => None,
         Some(c) => Some(tls::payload_protection(conn, Side::Server, c)?),
@@ -1091,6 +1088,9 @@ async fn serve_session(
         rdma_acks,
         held,
     } = admitted;
+    // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
+    // stopped reading.
+    let courtesy = cfg.limits.write_timeout.min(Duration::from_secs(2));
     let setup = Session::establish(&mut chan, &device, sgid, secrets, session_cfg);
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
@@ -1104,7 +1104,6 @@ async fn serve_session(
                     detail: e.to_string(),
                 },
             };
-            let courtesy = cfg.limits.write_timeout.min(Duration::from_secs(2));
             let _ = send_within(&mut chan, &abort, courtesy).await;
             return Outcome::Failed;
         }
@@ -1145,8 +1144,6 @@ async fn serve_session(
 
     session.set_poll(cfg.poll);
     let limits = cfg.limits;
-    // A goodbye is a courtesy: never worth more than a short wait on a peer that stopped reading.
-    let courtesy = limits.write_timeout.min(Duration::from_secs(2));
     let lifetime = tokio::time::sleep(limits.max_session_lifetime.unwrap_or(Duration::MAX / 4));
     tokio::pin!(lifetime);
     // At info, a bounded preview of what arrived, at most 20 lines at once and 10 a second per

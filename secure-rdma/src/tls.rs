@@ -209,6 +209,16 @@ pub enum Side {
     Client,
 }
 
+impl Side {
+    /// The other end of the connection.
+    pub fn peer(self) -> Side {
+        match self {
+            Side::Server => Side::Client,
+            Side::Client => Side::Server,
+        }
+    }
+}
+
 /// Length of a confirmation token.
 pub const TOKEN_LEN: usize = 32;
 const EXPORTER_LABEL: &[u8] = b"EXPORTER-secure-rdma-confirm";
@@ -232,6 +242,18 @@ pub fn confirmation_token<D>(
         .map_err(TlsError::Config)
 }
 
+/// Both confirmation tokens seen from `side`: the one it sends and the one it expects from the
+/// peer ([`confirmation_token`] of each end).
+pub fn confirmation_tokens<D>(
+    conn: &rustls::ConnectionCommon<D>,
+    side: Side,
+) -> Result<crate::session::Tokens, TlsError> {
+    Ok(crate::session::Tokens {
+        mine: confirmation_token(conn, side)?,
+        peer: confirmation_token(conn, side.peer())?,
+    })
+}
+
 /// The payload keys of this TLS session for `cipher`, seen from `side`: the sealer uses the
 /// key of what `side` sends, the opener the key of what the peer sends. Both ends derive the
 /// same two keys from the session's exporter secret; nobody else can.
@@ -241,12 +263,9 @@ pub fn payload_protection<D>(
     cipher: crate::protect::Cipher,
 ) -> Result<crate::protect::Protection, TlsError> {
     use crate::protect::{key_context, Opener, Protection, Sealer, KEY_LABEL, KEY_LEN};
-    let peer = match side {
-        Side::Server => Side::Client,
-        Side::Client => Side::Server,
-    };
     let mine = conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side)))?;
-    let theirs = conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(peer)))?;
+    let theirs =
+        conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side.peer())))?;
     Ok(Protection {
         sealer: Sealer::new(cipher, &mine),
         opener: Opener::new(cipher, &theirs),
