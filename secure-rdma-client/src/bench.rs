@@ -22,7 +22,7 @@ use clap::{Args, Subcommand};
 use futures_util::stream::{self, StreamExt};
 use rdma_cli::choices::PollMode;
 use secure_rdma::client::{Client, Connector, Phases};
-use secure_rdma::handshake::Op;
+use secure_rdma::datapath::Op;
 use secure_rdma::verbs::Poll;
 use serde::Serialize;
 

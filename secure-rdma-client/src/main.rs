@@ -415,7 +415,7 @@ impl Input {
 /// What the prompt loop waits for.
 enum Next {
     Line(Result<Option<String>, InputError>),
-    Closed(Result<Option<secure_rdma::handshake::AbortReason>, ClientError>),
+    Closed(Result<Option<secure_rdma::datapath::AbortReason>, ClientError>),
 }
 
 /// Connects (or reconnects), logging each failed attempt and the backoff; prints the

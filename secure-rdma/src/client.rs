@@ -15,14 +15,14 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use crate::datapath::{AbortReason, Op};
 use crate::handshake::{
-    AbortReason, Channel, HandshakeError, Kind, Message, Op, RejectReason, Verdict, CAPABILITIES,
-    RDMA_ACKS, VERSION,
+    Channel, HandshakeError, Kind, Message, RejectReason, Verdict, CAPABILITIES, RDMA_ACKS, VERSION,
 };
-use crate::protect::Cipher;
+use crate::protect::{Cipher, Protection, Side};
 use crate::session::Arrival;
 use crate::session::{Secrets, Session, SessionConfig, SessionError};
-use crate::tls::{self, Side};
+use crate::tls;
 use crate::verbs::{Device, GidSelector, VerbsError};
 
 /// Client settings (the `secure-client` flags).
@@ -546,11 +546,10 @@ impl Connector {
         };
         let protection = match cipher {
             None => None,
-            Some(c) => Some(tls::payload_protection(
-                chan.get_ref().get_ref().1,
-                Side::Client,
-                c,
-            )?),
+            Some(c) => Some(
+                Protection::from_tls(chan.get_ref().get_ref().1, Side::Client, c)
+                    .map_err(tls::TlsError::Config)?,
+            ),
         };
         let server_ip = chan
             .get_ref()
@@ -607,7 +606,7 @@ impl Connector {
 }
 
 /// What the server acknowledged.
-pub use crate::handshake::Ack;
+pub use crate::datapath::Ack;
 
 /// A connected, confirmed client.
 pub struct Client {
@@ -749,7 +748,7 @@ impl Client {
     ///
     /// ```no_run
     /// use secure_rdma::client::{Client, ClientConfig};
-    /// use secure_rdma::handshake::Op;
+    /// use secure_rdma::datapath::Op;
     ///
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let mut client = Client::connect(&ClientConfig {
