@@ -39,6 +39,7 @@ pub const MAX_FRAME: usize = 64 * 1024;
 
 /// Errors of framing and message validation.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandshakeError {
     /// The transport failed.
     #[error("connection error during handshake: {0}")]
@@ -233,7 +234,7 @@ pub enum Message {
         /// Features the client supports.
         capabilities: Vec<String>,
         /// The payload ciphers the client accepts, preferred first; empty
-        /// asks for payloads in clear (`--no-payload-protection`).
+        /// asks for payloads in clear.
         #[serde(default)]
         ciphers: Vec<Cipher>,
     },

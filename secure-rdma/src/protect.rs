@@ -202,6 +202,7 @@ fn key(cipher: Cipher, bytes: &[u8; KEY_LEN]) -> LessSafeKey {
 
 /// Why sealing failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SealError {
     /// The output buffer cannot hold header, ciphertext and tag.
     #[error("{need} bytes needed to seal a {len}-byte message, the buffer has {have}")]
@@ -293,6 +294,7 @@ impl Sealer {
 /// Why a received message was refused. Every case means the same to the session: the message
 /// is not from the peer (forged), not new (replayed) or not intact (corrupted).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     /// Shorter than header and tag.
     #[error("{0} bytes is shorter than a sealed message")]

@@ -31,6 +31,7 @@ use crate::verbs::{
 
 /// Errors of session setup and use.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SessionError {
     /// A verbs call failed.
     #[error(transparent)]

@@ -18,6 +18,7 @@ use crate::protect::Side;
 
 /// Errors of TLS configuration and identity extraction.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A PEM file could not be read or parsed.
     #[error("{path}: {source}")]
@@ -56,6 +57,7 @@ pub enum TlsError {
 
 /// Why a certificate gives no identity.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdentityError {
     /// The client sent no certificate.
     #[error("client presented no certificate")]
@@ -122,7 +124,7 @@ pub fn server_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ServerCon
 }
 
 /// [`server_config`] that also refuses client certificates listed in the CRL
-/// file `crl` (PEM, from `secure-server certs revoke`).
+/// file `crl` (PEM, from [`crate::certs::revoke`]).
 pub fn server_config_with_crl(
     ca: &Path,
     cert: &Path,
