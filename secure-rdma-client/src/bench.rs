@@ -22,8 +22,10 @@ use clap::{Args, Subcommand};
 use futures_util::stream::{self, StreamExt};
 use rdma_cli::choices::PollMode;
 use secure_rdma::client::{Client, Connector, Phases};
-use secure_rdma::handshake::Op;
+use secure_rdma::datapath::Op;
 use secure_rdma::verbs::Poll;
+
+use crate::errors::{Hinted, Shown};
 use serde::Serialize;
 
 /// Operations a server lets a streaming client have unacknowledged
@@ -320,6 +322,7 @@ async fn connect(connector: &Connector, n: usize, concurrency: usize) -> Result<
     let (first, _) = connector
         .connect_timed()
         .await
+        .map_err(Hinted)
         .context("the first connection")?;
     let first_connection_us = us(t.elapsed());
     first.quit().await;
@@ -330,6 +333,7 @@ async fn connect(connector: &Connector, n: usize, concurrency: usize) -> Result<
             let (client, phases) = connector
                 .connect_timed()
                 .await
+                .map_err(Hinted)
                 .with_context(|| format!("connection {i}"))?;
             let whole = t.elapsed();
             client.quit().await;
@@ -372,14 +376,18 @@ const WARMUP: usize = 10;
 
 async fn one(client: &mut Client, op: Op, payload: &[u8]) -> Result<()> {
     match op {
-        Op::Send => client.send(payload).await?,
-        Op::Write => client.write(payload).await?,
+        Op::Send => client.send(payload).await.map_err(Hinted)?,
+        Op::Write => client.write(payload).await.map_err(Hinted)?,
     };
     Ok(())
 }
 
 async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport> {
-    let mut client = connector.connect().await.context("connecting")?;
+    let mut client = connector
+        .connect()
+        .await
+        .map_err(Hinted)
+        .context("connecting")?;
     client.session_mut().set_poll(a.poll);
     if a.acks == Acks::Rdma && client.rdma_window().is_none() {
         bail!("the server acknowledges over TLS only (an older secure-server): use --acks tls");
@@ -410,12 +418,12 @@ async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport>
     let mut acked = 0;
     for _ in 0..a.iters {
         while client.in_flight() >= window {
-            client.ack().await?;
+            client.ack().await.map_err(Hinted)?;
             acked += 1;
         }
-        acked += client.post(op, &payload).await?.len();
+        acked += client.post(op, &payload).await.map_err(Hinted)?.len();
     }
-    acked += client.flush().await?.len();
+    acked += client.flush().await.map_err(Hinted)?.len();
     let secs = started.elapsed().as_secs_f64();
     if acked != a.iters {
         bail!("{acked} acknowledgements for {} operations", a.iters);
@@ -458,7 +466,7 @@ async fn hold(
             connector
                 .connect()
                 .await
-                .map_err(|e| format!("session {i}: {e}"))
+                .map_err(|e| format!("session {i}: {}", Shown(&e)))
         })
         .buffer_unordered(concurrency)
         .collect()

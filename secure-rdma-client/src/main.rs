@@ -2,6 +2,7 @@
 //! lives in `secure_rdma::client`.
 
 mod bench;
+mod errors;
 mod prompt;
 
 use std::io::IsTerminal;
@@ -16,6 +17,7 @@ use secure_rdma::client::{
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines, Stdin};
 
+use errors::{exit_code, Shown};
 use prompt::{InputError, Prompt};
 
 /// Secure RDMA client.
@@ -179,23 +181,24 @@ async fn run(cli: Cli) -> i32 {
     if identity.is_none() {
         eprintln!("secure-client: warning: no client certificate (--name or --cert/--key); the server will refuse the connection");
     }
-    let cfg = ClientConfig {
-        server_name: cli.server_name.clone().unwrap_or_else(|| cli.host.clone()),
-        host: cli.host.clone(),
-        port: cli.port,
-        ca,
-        identity,
-        device: cli.device.clone(),
-        gid_index: cli.gid_index,
-        timeout: Duration::from_secs(cli.timeout.max(1)),
-        ciphers: if cli.no_payload_protection {
+    let cfg = ClientConfig::new(&cli.host)
+        .with_server_name(cli.server_name.clone().unwrap_or_else(|| cli.host.clone()))
+        .with_port(cli.port)
+        .with_ca(ca)
+        .with_device(cli.device.clone())
+        .with_gid_index(cli.gid_index)
+        .with_timeout(Duration::from_secs(cli.timeout.max(1)))
+        .with_ciphers(if cli.no_payload_protection {
             Vec::new()
         } else {
             cli.cipher.ciphers()
-        },
-        max_buffer_size: cli.max_buffer_size,
-        allow_gid_mismatch: cli.allow_gid_mismatch,
-        rdma_acks: cli.rdma_acks,
+        })
+        .with_max_buffer_size(cli.max_buffer_size)
+        .with_allow_gid_mismatch(cli.allow_gid_mismatch)
+        .with_rdma_acks(cli.rdma_acks);
+    let cfg = match identity {
+        Some((cert, key)) => cfg.with_identity(cert, key),
+        None => cfg,
     };
     if let Some(Command::Bench(b)) = &cli.command {
         return run_bench(cfg, b).await;
@@ -211,8 +214,8 @@ async fn run(cli: Cli) -> i32 {
     let mut client = match connect(&cfg, backoff, false).await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("secure-client: {e}");
-            return e.exit_code();
+            eprintln!("secure-client: {}", Shown(&e));
+            return exit_code(&e);
         }
     };
 
@@ -252,7 +255,7 @@ async fn run(cli: Cli) -> i32 {
                 let why = match closed {
                     Ok(None) => "the server closed the session".to_owned(),
                     Ok(Some(reason)) => reason.to_string(),
-                    Err(e) => e.to_string(),
+                    Err(e) => Shown(&e).to_string(),
                 };
                 eprintln!("secure-client: session lost: {why}");
                 if backoff.attempts == 0 {
@@ -261,8 +264,8 @@ async fn run(cli: Cli) -> i32 {
                 client = match connect(&cfg, backoff, true).await {
                     Ok(c) => c,
                     Err(e) => {
-                        eprintln!("secure-client: {e}");
-                        return e.exit_code();
+                        eprintln!("secure-client: {}", Shown(&e));
+                        return exit_code(&e);
                     }
                 };
                 continue;
@@ -297,11 +300,11 @@ async fn run(cli: Cli) -> i32 {
                 // is unknown: a new session, but the command is not sent twice. The exit status
                 // says that one command's fate is unknown.
                 Err(e) if e.delivery_unknown() && backoff.attempts > 0 => {
-                    eprintln!("secure-client: session lost: {e}");
+                    eprintln!("secure-client: session lost: {}", Shown(&e));
                     eprintln!(
                         "secure-client: the interrupted command may have reached the server: not sent again"
                     );
-                    status = e.exit_code();
+                    status = exit_code(&e);
                     client = match connect(&cfg, backoff, true).await {
                         Ok(c) => c,
                         Err(e) => break Some(Err(Some(e))),
@@ -312,7 +315,7 @@ async fn run(cli: Cli) -> i32 {
                 // delivered (a server that tears a session down delivers nothing after it), so
                 // send it again on a new session, once.
                 Err(e) if e.is_session_lost() && backoff.attempts > 0 && !resent => {
-                    eprintln!("secure-client: session lost: {e}");
+                    eprintln!("secure-client: session lost: {}", Shown(&e));
                     client = match connect(&cfg, backoff, true).await {
                         Ok(c) => c,
                         Err(e) => break Some(Err(Some(e))),
@@ -331,8 +334,8 @@ async fn run(cli: Cli) -> i32 {
                 ack.op, ack.seq, ack.bytes
             ),
             Some(Err(Some(e))) => {
-                eprintln!("secure-client: {e}");
-                return e.exit_code();
+                eprintln!("secure-client: {}", Shown(&e));
+                return exit_code(&e);
             }
         }
         let _ = stdout.flush().await;
@@ -348,10 +351,7 @@ async fn run_bench(cfg: ClientConfig, b: &bench::BenchArgs) -> i32 {
         eprintln!("secure-client: bench: {e}");
         return 2;
     }
-    let connector = Connector::new(ClientConfig {
-        rdma_acks: b.kind.rdma_acks(),
-        ..cfg
-    });
+    let connector = Connector::new(cfg.with_rdma_acks(b.kind.rdma_acks()));
     match bench::run(&connector, &b.kind).await {
         Ok(report) => {
             if b.json {
@@ -415,7 +415,7 @@ impl Input {
 /// What the prompt loop waits for.
 enum Next {
     Line(Result<Option<String>, InputError>),
-    Closed(Result<Option<secure_rdma::handshake::AbortReason>, ClientError>),
+    Closed(Result<Option<secure_rdma::datapath::AbortReason>, ClientError>),
 }
 
 /// Connects (or reconnects), logging each failed attempt and the backoff; prints the
@@ -423,8 +423,9 @@ enum Next {
 async fn connect(cfg: &ClientConfig, backoff: Backoff, again: bool) -> Result<Client, ClientError> {
     let client = connect_with_retry(cfg, backoff, |attempt, err, delay| {
         eprintln!(
-            "secure-client: connection attempt {attempt} of {} failed: {err}; retrying in {} ms",
+            "secure-client: connection attempt {attempt} of {} failed: {}; retrying in {} ms",
             backoff.attempts + 1,
+            Shown(err),
             delay.as_millis()
         );
     })

@@ -16,6 +16,8 @@ use secure_rdma::server::{AuthFailures, Limits, ProtectionPolicy, Server, Server
 use secure_rdma::verbs::Poll;
 use serde::Deserialize;
 
+mod hints;
+
 #[cfg(feature = "telemetry")]
 mod telemetry;
 
@@ -284,7 +286,7 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
                 sans
             };
             let ca_dir = ca_dir.unwrap_or_else(|| certs::default_ca_dir(&dir));
-            let made = certs::init_with_ca_dir(&dir, &ca_dir, &sans)?;
+            let made = certs::init_with_ca_dir(&dir, &ca_dir, &sans).map_err(hints::cert_error)?;
             println!(
                 "CA:     {} (key {})",
                 made.ca.cert.display(),
@@ -303,7 +305,7 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
         }
         CertsCommand::Revoke { name, dir, ca_dir } => {
             let ca_dir = ca_dir_of(&dir, ca_dir);
-            let done = certs::revoke(&ca_dir, &dir, &name)?;
+            let done = certs::revoke(&ca_dir, &dir, &name).map_err(hints::cert_error)?;
             println!(
                 "revoked {name}: {} now lists {} certificate(s); a running server refuses {name} from its next handshake",
                 done.crl.display(),
@@ -312,7 +314,7 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
         }
         CertsCommand::Client { name, dir, ca_dir } => {
             let ca_dir = ca_dir_of(&dir, ca_dir);
-            let pair = certs::issue_client_from(&ca_dir, &dir, &name)?;
+            let pair = certs::issue_client_from(&ca_dir, &dir, &name).map_err(hints::cert_error)?;
             println!(
                 "client {name}: {} (key {})",
                 pair.cert.display(),
@@ -461,7 +463,7 @@ async fn serve(flags: Opts) -> Result<()> {
         .await?;
     }
     let max = config.max_clients;
-    let srv = Server::bind(config).await?;
+    let srv = Server::bind(config).await.map_err(hints::server_error)?;
     tracing::info!(listen = %srv.local_addr()?, max_clients = max, "secure-server ready");
     srv.run(shutdown_signal()).await;
     Ok(())

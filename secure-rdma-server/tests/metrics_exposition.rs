@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, UNIX_EPOCH};
 
-use secure_rdma::handshake::{Op, RejectReason};
+use secure_rdma::datapath::Op;
+use secure_rdma::handshake::RejectReason;
 use secure_rdma::metrics::{
     rejection_reason, HandshakeOutcome, ServerMetrics, TimedVerb, PENDING_LIMIT,
 };

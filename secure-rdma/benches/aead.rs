@@ -8,7 +8,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use secure_rdma::handshake::Op;
+use secure_rdma::datapath::Op;
 use secure_rdma::protect::{Cipher, Opener, Sealer, KEY_LEN, OVERHEAD};
 
 const SIZES: [usize; 3] = [64, 4 << 10, 64 << 10];

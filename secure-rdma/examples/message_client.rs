@@ -48,16 +48,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.messages
     };
-    let mut client = Client::connect(&ClientConfig {
-        port: args.port,
-        ca: args.certs.join("ca.pem"),
-        identity: Some((
-            args.certs.join(format!("{}.pem", args.name)),
-            args.certs.join(format!("{}.key", args.name)),
-        )),
-        timeout: Duration::from_secs(10),
-        ..ClientConfig::new(&args.host)
-    })
+    let mut client = Client::connect(
+        &ClientConfig::new(&args.host)
+            .with_port(args.port)
+            .with_ca(args.certs.join("ca.pem"))
+            .with_identity(
+                args.certs.join(format!("{}.pem", args.name)),
+                args.certs.join(format!("{}.key", args.name)),
+            )
+            .with_timeout(Duration::from_secs(10)),
+    )
     .await?;
     println!("connected as {}", client.identity());
     for message in &messages {

@@ -1,16 +1,16 @@
 //! A small private PKI for a deployment: one CA, a server certificate, and a
 //! certificate per client whose name is the client's identity (its tenant).
 //!
-//! Layout of the server's certificate directory (`--certs`, `certs`):
+//! Layout of the server's certificate directory:
 //!
 //! | file | what |
 //! |---|---|
 //! | `ca.pem` | the CA certificate (public: clients are verified against it) |
 //! | `server.pem`, `server.key` | the server certificate (SANs: names and addresses) |
 //! | `NAME.pem`, `NAME.key` | the client certificate of `NAME` |
-//! | `crl.pem` | revoked client certificates (`certs revoke`), checked at every handshake |
+//! | `crl.pem` | revoked client certificates ([`revoke`]), checked at every handshake |
 //!
-//! The CA key lives apart, in the CA directory (`--ca-dir`, by default the sibling
+//! The CA key lives apart, in the CA directory (by default the sibling
 //! `<certs>-ca`, mode 0700): whoever can read it can mint any identity, and the server never
 //! needs it. [`init`] (used by tests and demos) keeps everything in one directory.
 //!
@@ -30,6 +30,7 @@ use time::{Duration, OffsetDateTime};
 
 /// Errors of certificate creation.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CertError {
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
@@ -40,10 +41,11 @@ pub enum CertError {
         source: std::io::Error,
     },
     /// A file that would be overwritten exists.
-    #[error("{0} already exists; remove it first or use another --dir")]
+    #[error("{0} already exists; remove it first or write to another directory")]
     Exists(PathBuf),
-    /// The CA is missing (run `certs init` first).
-    #[error("no CA key in {0}: run `secure-server certs init` first, or pass the CA directory with --ca-dir")]
+    /// The CA is missing: no CA was made there ([`init_with_ca_dir`]), or the
+    /// CA lives in another directory.
+    #[error("no CA key in {0}: make a CA first, or use the directory that holds it")]
     NoCa(PathBuf),
     /// A client name cannot be used as a file name and identity.
     #[error("invalid client name {0:?}: use 1-64 characters from a-z, A-Z, 0-9, '-', '_', '.' (not starting with '.')")]
@@ -51,7 +53,7 @@ pub enum CertError {
     /// rcgen failed.
     #[error("certificate generation failed: {0}")]
     Rcgen(#[from] rcgen::Error),
-    /// `certs revoke` for a client that has no certificate here.
+    /// [`revoke`] for a client that has no certificate here.
     #[error("{0} does not exist: no client certificate of that name to revoke")]
     NotIssued(PathBuf),
     /// A certificate or CRL that does not parse.
@@ -497,11 +499,15 @@ mod tests {
         }
     }
 
+    // What secure-server says about it (how to make a CA) is tested in its hints module.
     #[test]
-    fn issuing_without_a_ca_says_how_to_make_one() {
+    fn issuing_without_a_ca_says_the_ca_is_missing() {
         let dir = tempfile::tempdir().unwrap();
-        let err = issue_client(dir.path(), "bob").unwrap_err().to_string();
-        assert!(err.contains("certs init"), "{err}");
+        let err = issue_client(dir.path(), "bob").unwrap_err();
+        assert!(
+            matches!(&err, CertError::NoCa(d) if d == dir.path()),
+            "{err}"
+        );
     }
 
     #[test]

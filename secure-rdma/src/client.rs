@@ -15,18 +15,30 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use crate::datapath::{AbortReason, Op};
 use crate::handshake::{
-    AbortReason, Channel, HandshakeError, Kind, Message, Op, RejectReason, Verdict, CAPABILITIES,
-    RDMA_ACKS, VERSION,
+    Channel, HandshakeError, Kind, Message, RejectReason, Verdict, CAPABILITIES, RDMA_ACKS, VERSION,
 };
-use crate::protect::Cipher;
+use crate::protect::{Cipher, Protection, Side};
 use crate::session::Arrival;
 use crate::session::{Secrets, Session, SessionConfig, SessionError};
-use crate::tls::{self, Side};
+use crate::tls;
 use crate::verbs::{Device, GidSelector, VerbsError};
 
-/// Client settings (the `secure-client` flags).
+/// Client settings. Built with [`ClientConfig::new`] and the `with_*`
+/// setters, so that new settings can come without breaking callers:
+///
+/// ```
+/// use std::time::Duration;
+/// use secure_rdma::client::ClientConfig;
+///
+/// let cfg = ClientConfig::new("10.77.0.1")
+///     .with_identity("certs/alice.pem", "certs/alice.key")
+///     .with_timeout(Duration::from_secs(10));
+/// assert_eq!(cfg.port, 4433);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// Server host (name or address).
     pub host: String,
@@ -46,7 +58,7 @@ pub struct ClientConfig {
     /// Timeout of each step.
     pub timeout: Duration,
     /// Payload ciphers this client accepts, preferred first; empty asks for
-    /// payloads in clear (`--no-payload-protection`). A server that chooses
+    /// payloads in clear. A server that chooses
     /// none while we offered some is refused: never silently unprotected.
     pub ciphers: Vec<Cipher>,
     /// The largest per-message buffer this client agrees to allocate; a
@@ -63,9 +75,8 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// Settings for `host` with the defaults of `secure-client`: port 4433,
-    /// CA `certs/ca.pem`, no identity, both ciphers, 16 MiB buffers at most,
-    /// 5-second steps.
+    /// Settings for `host` with the defaults: port 4433, CA `certs/ca.pem`,
+    /// no identity, both ciphers, 16 MiB buffers at most, 5-second steps.
     pub fn new(host: &str) -> ClientConfig {
         ClientConfig {
             host: host.to_owned(),
@@ -82,6 +93,83 @@ impl ClientConfig {
             rdma_acks: false,
         }
     }
+
+    /// Sets the server port.
+    pub fn with_port(mut self, port: u16) -> ClientConfig {
+        self.port = port;
+        self
+    }
+
+    /// Sets the name the server certificate must carry ([`ClientConfig::server_name`]).
+    pub fn with_server_name(mut self, name: impl Into<String>) -> ClientConfig {
+        self.server_name = name.into();
+        self
+    }
+
+    /// Sets the CA certificate the server must chain to.
+    pub fn with_ca(mut self, ca: impl Into<PathBuf>) -> ClientConfig {
+        self.ca = ca.into();
+        self
+    }
+
+    /// Sets the RDMA device (`None`: the one carrying our local address).
+    pub fn with_device(mut self, device: Option<String>) -> ClientConfig {
+        self.device = device;
+        self
+    }
+
+    /// Sets the source GID index (`None`: the RoCEv2 GID of our local address).
+    pub fn with_gid_index(mut self, gid_index: Option<u32>) -> ClientConfig {
+        self.gid_index = gid_index;
+        self
+    }
+
+    /// Sets the timeout of each step.
+    pub fn with_timeout(mut self, timeout: Duration) -> ClientConfig {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the payload ciphers accepted, preferred first; empty asks for payloads in clear.
+    pub fn with_ciphers(mut self, ciphers: Vec<Cipher>) -> ClientConfig {
+        self.ciphers = ciphers;
+        self
+    }
+
+    /// Sets the largest per-message buffer this client agrees to allocate.
+    pub fn with_max_buffer_size(mut self, max_buffer_size: usize) -> ClientConfig {
+        self.max_buffer_size = max_buffer_size;
+        self
+    }
+
+    /// Sets whether a server whose RDMA GID is not the address reached over TLS is accepted.
+    pub fn with_allow_gid_mismatch(mut self, allow: bool) -> ClientConfig {
+        self.allow_gid_mismatch = allow;
+        self
+    }
+
+    /// Sets whether to ask for the streaming data path ([`ClientConfig::rdma_acks`]).
+    pub fn with_rdma_acks(mut self, rdma_acks: bool) -> ClientConfig {
+        self.rdma_acks = rdma_acks;
+        self
+    }
+
+    /// Sets our certificate and key: the certificate's name is our identity.
+    pub fn with_identity(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> ClientConfig {
+        self.identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Connects without a certificate (the server refuses that; it exists to
+    /// show the refusal).
+    pub fn without_identity(mut self) -> ClientConfig {
+        self.identity = None;
+        self
+    }
 }
 
 /// The largest window of unacknowledged operations a client accepts from a
@@ -91,8 +179,10 @@ pub const MAX_RDMA_WINDOW: u32 = 64;
 /// What [`ClientConfig::max_buffer_size`] is unless set: 16 MiB.
 pub const DEFAULT_MAX_BUFFER: usize = 16 << 20;
 
-/// Why the client stopped. Each variant has its own exit code.
+/// Why the client stopped. Each variant is a distinct cause, for a binary to
+/// map to its own exit code.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The TCP connection failed (refused, no route, or no answer in time).
     #[error("server {addr} unreachable: {source}")]
@@ -137,7 +227,7 @@ pub enum ClientError {
     #[error(transparent)]
     Confirm(SessionError),
     /// The server would protect nothing (or not with a cipher we accept).
-    #[error("the server chose {chosen} for payloads, but this client requires {required}; refusing the session (--no-payload-protection accepts payloads in clear)")]
+    #[error("the server chose {chosen} for payloads, but this client requires {required}; refusing the session")]
     Unprotected {
         /// What the server chose ("no protection" or a cipher).
         chosen: String,
@@ -145,7 +235,7 @@ pub enum ClientError {
         required: String,
     },
     /// The server asks for larger buffers than this client allocates.
-    #[error("the server asks for {asked}-byte buffers; this client allocates at most {max} (--max-buffer-size)")]
+    #[error("the server asks for {asked}-byte buffers; this client allocates at most {max}")]
     BufferTooLarge {
         /// The server's buffer size.
         asked: usize,
@@ -168,23 +258,6 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// Process exit code for this error (documented in `secure-client --help`).
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ClientError::Rejected(_) => 3,
-            ClientError::Tls(_)
-            | ClientError::TlsIo(_)
-            | ClientError::TlsTimeout(_)
-            | ClientError::ServerName { .. }
-            | ClientError::TlsConfig(_) => 4,
-            ClientError::Unreachable { .. } => 5,
-            ClientError::Device(_) => 6,
-            ClientError::Confirm(_) => 7,
-            ClientError::Session(_) | ClientError::Forged { .. } => 8,
-            ClientError::Unprotected { .. } | ClientError::BufferTooLarge { .. } => 9,
-        }
-    }
-
     /// True when the session was lost but a new one may well work: the
     /// server ended it (an authentication failure, a restart, shutdown), the
     /// connection broke, or the server is not reachable (yet). False for
@@ -355,10 +428,9 @@ pub struct Phases {
 /// use secure_rdma::client::{ClientConfig, Connector};
 ///
 /// # async fn demo() -> Result<(), secure_rdma::client::ClientError> {
-/// let connector = Connector::new(ClientConfig {
-///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
-///     ..ClientConfig::new("10.77.0.1")
-/// });
+/// let connector = Connector::new(
+///     ClientConfig::new("10.77.0.1").with_identity("certs/alice.pem", "certs/alice.key"),
+/// );
 /// for _ in 0..10 {
 ///     let (client, phases) = connector.connect_timed().await?;
 ///     println!("TLS in {:?}, RDMA setup in {:?}", phases.tcp_tls, phases.rdma_setup);
@@ -546,11 +618,10 @@ impl Connector {
         };
         let protection = match cipher {
             None => None,
-            Some(c) => Some(tls::payload_protection(
-                chan.get_ref().get_ref().1,
-                Side::Client,
-                c,
-            )?),
+            Some(c) => Some(
+                Protection::from_tls(chan.get_ref().get_ref().1, Side::Client, c)
+                    .map_err(tls::TlsError::Config)?,
+            ),
         };
         let server_ip = chan
             .get_ref()
@@ -607,7 +678,7 @@ impl Connector {
 }
 
 /// What the server acknowledged.
-pub use crate::handshake::Ack;
+pub use crate::datapath::Ack;
 
 /// A connected, confirmed client.
 pub struct Client {
@@ -635,11 +706,11 @@ impl Client {
     /// use secure_rdma::client::{Client, ClientConfig};
     ///
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut client = Client::connect(&ClientConfig {
-    ///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
-    ///     timeout: Duration::from_secs(5),
-    ///     ..ClientConfig::new("10.77.0.1")
-    /// })
+    /// let mut client = Client::connect(
+    ///     &ClientConfig::new("10.77.0.1")
+    ///         .with_identity("certs/alice.pem", "certs/alice.key")
+    ///         .with_timeout(Duration::from_secs(5)),
+    /// )
     /// .await?;
     /// let ack = client.send(b"hello over RDMA").await?;
     /// assert_eq!(ack.bytes, 15);
@@ -749,14 +820,14 @@ impl Client {
     ///
     /// ```no_run
     /// use secure_rdma::client::{Client, ClientConfig};
-    /// use secure_rdma::handshake::Op;
+    /// use secure_rdma::datapath::Op;
     ///
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut client = Client::connect(&ClientConfig {
-    ///     identity: Some(("certs/alice.pem".into(), "certs/alice.key".into())),
-    ///     rdma_acks: true,
-    ///     ..ClientConfig::new("10.77.0.1")
-    /// })
+    /// let mut client = Client::connect(
+    ///     &ClientConfig::new("10.77.0.1")
+    ///         .with_identity("certs/alice.pem", "certs/alice.key")
+    ///         .with_rdma_acks(true),
+    /// )
     /// .await?;
     /// let mut acks = Vec::new();
     /// for chunk in [b"one".as_slice(), b"two", b"three"] {
@@ -907,10 +978,5 @@ mod tests {
             required: "aes-256-gcm".into(),
         };
         assert!(!policy.is_session_lost());
-        assert_eq!(policy.exit_code(), 9);
-        assert!(
-            policy.to_string().contains("--no-payload-protection"),
-            "{policy}"
-        );
     }
 }

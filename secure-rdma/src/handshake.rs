@@ -10,10 +10,15 @@
 //! 5. both SEND their confirmation token as the first RDMA message; each
 //!    checks the peer's and answers [`Message::Confirmed`]. Only then is the
 //!    connection established.
-//! 6. afterwards: an acknowledgement for every operation the server saw land
-//!    ([`Message::Ack`] over TLS, or, when the client asked for
-//!    [`RDMA_ACKS`], an [`Ack`] record SENT back over RDMA, sealed like any
-//!    payload), and [`Message::Bye`] to close.
+//! 6. afterwards, the steady state ([`crate::datapath`]): an acknowledgement
+//!    for every operation the server saw land ([`Message::Ack`] over TLS, or,
+//!    when the client asked for [`RDMA_ACKS`], an [`Ack`](crate::datapath::Ack) record SENT back
+//!    over RDMA, sealed like any payload), and [`Message::Bye`] to close.
+//!
+//! This module is the setup: the framing, the one JSON enum of the control
+//! channel ([`Message`], whose step-6 variants carry the records of
+//! [`crate::datapath`]) and the receivers of steps 1–5. The receivers of
+//! step 6 are in [`crate::session`].
 //!
 //! A frame is a 4-byte big-endian length followed by that many bytes of
 //! UTF-8 JSON ([`tokio_util::codec::LengthDelimitedCodec`]). Frames above [`MAX_FRAME`] are refused before any allocation,
@@ -24,6 +29,7 @@ use std::net::IpAddr;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::datapath::{AbortReason, Op};
 use crate::protect::Cipher;
 use crate::psn::{Psn, Qpn};
 use crate::verbs::{Gid, PathMtu, RemoteBuffer};
@@ -33,6 +39,7 @@ pub const MAX_FRAME: usize = 64 * 1024;
 
 /// Errors of framing and message validation.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandshakeError {
     /// The transport failed.
     #[error("connection error during handshake: {0}")]
@@ -216,68 +223,6 @@ impl std::fmt::Display for RejectReason {
     }
 }
 
-/// An operation the server acknowledges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Op {
-    /// An RDMA SEND arrived.
-    Send,
-    /// An RDMA WRITE landed (signalled by WRITE WITH IMMEDIATE).
-    Write,
-}
-
-impl std::fmt::Display for Op {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Op::Send => "send",
-            Op::Write => "write",
-        })
-    }
-}
-
-/// Why a side ends an established session on its own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum AbortReason {
-    /// A message that arrived over RDMA failed authentication: forged,
-    /// replayed or corrupted. Its QP accepted a packet the peer never sent,
-    /// so the session cannot go on; the client may reconnect.
-    AuthenticationFailed,
-    /// The session reached the server's maximum lifetime; the client may
-    /// reconnect.
-    Lifetime {
-        /// The limit, in seconds.
-        seconds: u64,
-    },
-    /// The server could not make this session's RDMA resources or bring its QP up (after the
-    /// accept: memory registration without `CAP_IPC_LOCK`, a device gone, an endpoint it
-    /// refused). The fix is usually on the server's side, so it says what failed.
-    RdmaSetup {
-        /// The server's error.
-        detail: String,
-    },
-}
-
-impl std::fmt::Display for AbortReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AbortReason::AuthenticationFailed => f.write_str(
-                "an RDMA message failed authentication (forged, replayed or corrupted); \
-                 the session was torn down",
-            ),
-            AbortReason::Lifetime { seconds } => write!(
-                f,
-                "the session reached the server's maximum lifetime of {seconds} s; reconnect"
-            ),
-            AbortReason::RdmaSetup { detail } => write!(
-                f,
-                "the server could not set up RDMA for this session ({detail}); \
-                 the fix is on the server's side: tell its operator"
-            ),
-        }
-    }
-}
-
 /// Every message of the control channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -289,7 +234,7 @@ pub enum Message {
         /// Features the client supports.
         capabilities: Vec<String>,
         /// The payload ciphers the client accepts, preferred first; empty
-        /// asks for payloads in clear (`--no-payload-protection`).
+        /// asks for payloads in clear.
         #[serde(default)]
         ciphers: Vec<Cipher>,
     },
@@ -432,65 +377,6 @@ pub enum Verdict {
     Rejected(RejectReason),
 }
 
-/// An operation the server saw land, as the client receives it (step 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ack {
-    /// The operation.
-    pub op: Op,
-    /// Its sequence number on this connection: 1 for the first, then 2, 3, …
-    pub seq: u64,
-    /// Bytes the server saw arrive.
-    pub bytes: u32,
-}
-
-impl Ack {
-    /// Bytes of an acknowledgement record sent over RDMA.
-    pub const WIRE_LEN: usize = 13;
-
-    /// The record SENT over RDMA on the streaming data path: the operation
-    /// (0 SEND, 1 WRITE), then the sequence number (u64) and the byte count
-    /// (u32), little-endian. Sealed like any payload when payloads are
-    /// protected, so only the server can have made it.
-    ///
-    /// ```
-    /// use secure_rdma::handshake::{Ack, Op};
-    ///
-    /// let ack = Ack { op: Op::Write, seq: 7, bytes: 4096 };
-    /// assert_eq!(Ack::decode(&ack.encode()), Some(ack));
-    /// assert_eq!(Ack::decode(b"short"), None);
-    /// ```
-    pub fn encode(&self) -> [u8; Ack::WIRE_LEN] {
-        let mut out = [0u8; Ack::WIRE_LEN];
-        out[0] = match self.op {
-            Op::Send => 0,
-            Op::Write => 1,
-        };
-        out[1..9].copy_from_slice(&self.seq.to_le_bytes());
-        out[9..13].copy_from_slice(&self.bytes.to_le_bytes());
-        out
-    }
-
-    /// Reads a record made by [`Ack::encode`]; `None` for anything else.
-    pub fn decode(b: &[u8]) -> Option<Ack> {
-        let b: &[u8; Ack::WIRE_LEN] = b.try_into().ok()?;
-        let op = match b[0] {
-            0 => Op::Send,
-            1 => Op::Write,
-            _ => return None,
-        };
-        let seq = u64::from_le_bytes(b[1..9].try_into().ok()?);
-        let bytes = u32::from_le_bytes(b[9..13].try_into().ok()?);
-        Some(Ack { op, seq, bytes })
-    }
-}
-
-/// What the server waits for from an established client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientRequest {
-    /// The client says goodbye ([`Message::Bye`]).
-    Bye,
-}
-
 /// A framed control channel over any byte stream (a TLS stream in the
 /// product). Receiving is cancel-safe, so it can sit in a `select!` next to a
 /// completion queue.
@@ -607,37 +493,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
         }
     }
 
-    /// Receives the server's acknowledgement of an operation (step 6, client
-    /// side). A [`Message::Bye`] here is an [`HandshakeError::Unexpected`]
-    /// whose message says the server closed the connection.
-    pub async fn expect_ack(&mut self) -> Result<Ack, HandshakeError> {
-        match self.recv::<Message>().await? {
-            Message::Ack { op, seq, bytes } => Ok(Ack { op, seq, bytes }),
-            Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
-            other => Err(unexpected(Kind::Ack, &other)),
-        }
-    }
-
-    /// Waits for the server to end an established session (client side,
-    /// between operations): `Ok(None)` for an orderly bye, `Ok(Some(reason))`
-    /// for an abort. Cancel-safe, so it can sit in a `select!` next to the
-    /// user's input.
-    pub async fn expect_close(&mut self) -> Result<Option<AbortReason>, HandshakeError> {
-        match self.recv::<Message>().await? {
-            Message::Bye => Ok(None),
-            Message::Abort { reason } => Ok(Some(reason)),
-            other => Err(unexpected(Kind::Bye, &other)),
-        }
-    }
-
-    /// Receives what an established client may send (step 6, server side).
-    pub async fn expect_client_request(&mut self) -> Result<ClientRequest, HandshakeError> {
-        match self.recv::<Message>().await? {
-            Message::Bye => Ok(ClientRequest::Bye),
-            other => Err(unexpected(Kind::Bye, &other)),
-        }
-    }
-
     /// The underlying stream (e.g. to read TLS session data).
     pub fn get_ref(&self) -> &S {
         self.framed.get_ref()
@@ -650,7 +505,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     }
 }
 
-fn unexpected(expected: Kind, got: &Message) -> HandshakeError {
+/// The error of a step that received `got` where it expected `expected`.
+pub(crate) fn unexpected(expected: Kind, got: &Message) -> HandshakeError {
     HandshakeError::Unexpected {
         expected,
         got: got.kind(),
@@ -660,6 +516,7 @@ fn unexpected(expected: Kind, got: &Message) -> HandshakeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datapath::Ack;
     use tokio::io::AsyncWriteExt;
 
     fn endpoint() -> Endpoint {

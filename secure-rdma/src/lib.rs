@@ -5,28 +5,41 @@
 //! PSNs are full 24-bit CSPRNG values, and whose state machine is driven by
 //! hand, RESET → INIT → RTR → RTS, with plain verbs.
 //!
-//! Modules, one concept each, in reading order:
+//! Modules, one concept each, in reading order; each uses only the modules
+//! above it (no import cycles):
 //! - [`psn`]: 24-bit PSNs and QPNs, drawn from the OS CSPRNG.
 //! - [`verbs`]: device, GIDs, protection domains, completion queues,
 //!   memory regions and the typestate RC queue pair.
+//! - [`datapath`]: the steady-state protocol's records: the operations
+//!   ([`datapath::Op`]), their acknowledgements, the bye and the abort.
+//! - [`protect`]: payload protection, AEAD over every RDMA SEND and WRITE
+//!   with per-direction keys from the TLS session ([`protect::Side`]).
+//! - [`certs`]: the deployment's private CA and its server and client
+//!   certificates.
 //! - [`tls`]: TLS 1.3 with mutual authentication; identities and the
 //!   confirmation tokens derived from the session.
-//! - [`certs`]: the deployment's private CA and its server and client
-//!   certificates (`secure-server certs`).
-//! - [`protect`]: payload protection, AEAD over every RDMA SEND and WRITE
-//!   with per-direction keys from the TLS session.
 //! - [`handshake`]: the wire format of the connection setup, one typed
 //!   receiver per step.
-//! - [`session`]: one connection's RDMA resources, connected and confirmed.
+//! - [`session`]: one connection's RDMA resources, connected and confirmed,
+//!   and the control channel's receivers of the steady state.
+//! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
+//! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
+//! - [`metrics`]: the server's counters and histograms (sessions, handshakes,
+//!   refusals, traffic per tenant), for an exporter to register.
+//! - [`client`]: the client: connect, `send`, `write`, `quit`.
 //! - [`server`]: the multi-client server: admission, then one session per
 //!   client.
 //!   - [`server::handler`]: what the application receives, each SEND and
 //!     WRITE handed to its handler (a bounded channel, a closure).
-//! - [`metrics`]: the server's counters and histograms (sessions, handshakes,
-//!   refusals, traffic per tenant), for an exporter to register.
-//! - [`client`]: the client: connect, `send`, `write`, `quit`.
-//! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
-//! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
+//!
+//! The layers, lowest first:
+//!
+//! ```text
+//! psn → verbs → datapath → protect → certs → tls → handshake → session → client, server
+//! ```
+//!
+//! (`ratelimit`, `quota` and `metrics` stand beside them: `metrics` names
+//! operations and rejections, so it sits above `handshake`.)
 //!
 //! The library emits `tracing` events and never installs a subscriber: the
 //! binaries decide where logs go.
@@ -35,6 +48,7 @@
 
 pub mod certs;
 pub mod client;
+pub mod datapath;
 pub mod handshake;
 pub mod metrics;
 pub mod protect;

@@ -47,7 +47,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::handshake::{Op, RejectReason};
+use crate::datapath::Op;
+use crate::handshake::RejectReason;
 
 /// How a connection's handshake ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -339,7 +340,7 @@ impl ServerMetrics {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use secure_rdma::handshake::Op;
+    /// use secure_rdma::datapath::Op;
     /// use secure_rdma::metrics::ServerMetrics;
     ///
     /// let metrics = ServerMetrics::default();

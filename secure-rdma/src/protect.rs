@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use secure_rdma::protect::{Cipher, Opener, Sealer, OVERHEAD};
-//! use secure_rdma::handshake::Op;
+//! use secure_rdma::datapath::Op;
 //!
 //! let key = [7u8; 32];
 //! let mut sealer = Sealer::new(Cipher::ChaCha20Poly1305, &key);
@@ -41,7 +41,7 @@
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use serde::{Deserialize, Serialize};
 
-use crate::handshake::Op;
+use crate::datapath::Op;
 
 /// Bytes of the clear header in front of every sealed message.
 pub const HEADER_LEN: usize = 16;
@@ -202,6 +202,7 @@ fn key(cipher: Cipher, bytes: &[u8; KEY_LEN]) -> LessSafeKey {
 
 /// Why sealing failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SealError {
     /// The output buffer cannot hold header, ciphertext and tag.
     #[error("{need} bytes needed to seal a {len}-byte message, the buffer has {have}")]
@@ -293,6 +294,7 @@ impl Sealer {
 /// Why a received message was refused. Every case means the same to the session: the message
 /// is not from the peer (forged), not new (replayed) or not intact (corrupted).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     /// Shorter than header and tag.
     #[error("{0} bytes is shorter than a sealed message")]
@@ -409,14 +411,54 @@ pub struct Protection {
     pub opener: Opener,
 }
 
+impl Protection {
+    /// The payload keys of this TLS session for `cipher`, seen from `side`: the sealer uses the
+    /// key of what `side` sends, the opener the key of what the peer sends. Both ends derive the
+    /// same two keys from the session's exporter secret (RFC 8446 §7.5); nobody else can.
+    pub fn from_tls<D>(
+        conn: &rustls::ConnectionCommon<D>,
+        side: Side,
+        cipher: Cipher,
+    ) -> Result<Protection, rustls::Error> {
+        let mine =
+            conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side)))?;
+        let theirs =
+            conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side.peer())))?;
+        Ok(Protection {
+            sealer: Sealer::new(cipher, &mine),
+            opener: Opener::new(cipher, &theirs),
+        })
+    }
+}
+
+/// Which end of the connection: the TLS server or the TLS client. Each end has its own
+/// payload key and its own confirmation token ([`crate::tls::confirmation_tokens`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The TLS server.
+    Server,
+    /// The TLS client.
+    Client,
+}
+
+impl Side {
+    /// The other end of the connection.
+    pub fn peer(self) -> Side {
+        match self {
+            Side::Server => Side::Client,
+            Side::Client => Side::Server,
+        }
+    }
+}
+
 /// The exporter label of the payload keys (distinct from the confirmation tokens').
 pub(crate) const KEY_LABEL: &[u8] = b"EXPORTER-secure-rdma-payload-key";
 
 /// The exporter context of the key for messages sent by `sender`.
-pub(crate) fn key_context(sender: crate::tls::Side) -> &'static [u8] {
+pub(crate) fn key_context(sender: Side) -> &'static [u8] {
     match sender {
-        crate::tls::Side::Client => b"client to server",
-        crate::tls::Side::Server => b"server to client",
+        Side::Client => b"client to server",
+        Side::Server => b"server to client",
     }
 }
 

@@ -23,16 +23,15 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use crate::handshake::{
-    AbortReason, Ack, Channel, ClientRequest, HandshakeError, Message, Op, RejectReason, RDMA_ACKS,
-    VERSION,
-};
+use crate::datapath::{AbortReason, Ack, ClientRequest, Op};
+use crate::handshake::{Channel, HandshakeError, Message, RejectReason, RDMA_ACKS, VERSION};
 use crate::metrics::{self, HandshakeOutcome, ServerMetrics, TimedVerb};
 use crate::protect::Cipher;
+use crate::protect::{Protection, Side};
 use crate::quota::{Quotas, TenantInfo, TenantQuota};
 use crate::ratelimit::LogLimiter;
 use crate::session::{Secrets, Session, SessionAdmission, SessionConfig, SessionError};
-use crate::tls::{self, Side};
+use crate::tls;
 use crate::verbs::{Availability, Device, GidEntry, GidSelector, Poll, VerbsError};
 
 pub mod handler;
@@ -1062,7 +1061,7 @@ fn derive_secrets(
     let tokens = tls::confirmation_tokens(conn, Side::Server)?;
     let protection = match cipher {
         None => None,
-        Some(c) => Some(tls::payload_protection(conn, Side::Server, c)?),
+        Some(c) => Some(Protection::from_tls(conn, Side::Server, c)?),
     };
     Ok(Secrets { tokens, protection })
 }

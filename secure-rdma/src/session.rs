@@ -7,17 +7,23 @@
 //! CSPRNG PSN, and confirms the connection by exchanging TLS-derived tokens
 //! as the first RDMA messages. Dropping the session frees every resource it
 //! made.
+//!
+//! Step 6, the steady state, is here too: the control channel's receivers of
+//! the acknowledgements, the bye and the abort ([`Channel::expect_ack`],
+//! [`Channel::expect_close`], [`Channel::expect_client_request`]), whose
+//! records are [`crate::datapath`]'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::handshake::{Channel, Endpoint, HandshakeError, Message, Op};
+use crate::datapath::{AbortReason, Ack, ClientRequest, Op};
+use crate::handshake::{unexpected, Channel, Endpoint, HandshakeError, Kind, Message};
 use crate::protect::{AuthError, Protection, SealError, HEADER_LEN, OVERHEAD};
 use crate::psn::Psn;
 use crate::quota::{Admission, Refusal, TenantQuota, Verb};
-use crate::tls::TOKEN_LEN;
+use crate::tls::{Tokens, TOKEN_LEN};
 use crate::verbs::{
     Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MrAccess, Poll, QpAttributes,
     QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
@@ -25,6 +31,7 @@ use crate::verbs::{
 
 /// Errors of session setup and use.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SessionError {
     /// A verbs call failed.
     #[error(transparent)]
@@ -50,12 +57,12 @@ pub enum SessionError {
     #[error("protocol error: the server acknowledged a {acked} after our {sent}")]
     WrongAck {
         /// What this side did.
-        sent: crate::handshake::Op,
+        sent: crate::datapath::Op,
         /// What the acknowledgement names.
-        acked: crate::handshake::Op,
+        acked: crate::datapath::Op,
     },
     /// An RDMA message from the server where an acknowledgement record
-    /// ([`crate::handshake::Ack::encode`]) belongs was not one.
+    /// ([`crate::datapath::Ack::encode`]) belongs was not one.
     #[error("protocol error: the server's RDMA acknowledgement is malformed ({len} bytes)")]
     BadAck {
         /// Bytes that arrived.
@@ -208,31 +215,15 @@ impl Default for SessionConfig {
     }
 }
 
-/// The two confirmation tokens of a TLS session (see
-/// [`crate::tls::confirmation_token`]).
-#[derive(Clone, Copy)]
-pub struct Tokens {
-    /// The one this side sends.
-    pub mine: [u8; TOKEN_LEN],
-    /// The one the peer must send.
-    pub peer: [u8; TOKEN_LEN],
-}
-
 /// What only the two ends of the TLS session know: the confirmation tokens
 /// and, when payloads are protected, the keys.
 #[derive(Debug)]
 pub struct Secrets {
     /// The tokens each side proves over RDMA first.
     pub tokens: Tokens,
-    /// The payload keys ([`crate::tls::payload_protection`]); `None` sends
+    /// The payload keys ([`Protection::from_tls`]); `None` sends
     /// payloads in clear, which the peer must have agreed to.
     pub protection: Option<Protection>,
-}
-
-impl std::fmt::Debug for Tokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Tokens(..)")
-    }
 }
 
 /// What was set on the QP, for audits and tests (PSNs are secrets: log them at debug level
@@ -350,7 +341,7 @@ impl Session {
     ///
     /// # async fn demo(tls: tokio::net::TcpStream, secrets: Secrets) -> Result<(), Box<dyn std::error::Error>> {
     /// // `secrets`: the TLS session's confirmation tokens and payload keys
-    /// // (secure_rdma::tls::{confirmation_token, payload_protection}).
+    /// // (secure_rdma::tls::confirmation_tokens, secure_rdma::protect::Protection::from_tls).
     /// let (device, sgid) = Device::open_for_address("10.77.0.1".parse()?)?;
     /// let mut chan = Channel::new(tls);
     /// let mut session =
@@ -730,5 +721,42 @@ impl Session {
             Op::Send => Arrival::Send(raw),
             Op::Write => Arrival::Write(raw),
         })
+    }
+}
+
+/// The control channel's receivers of the steady state (step 6 of the
+/// [handshake](crate::handshake), the records of [`crate::datapath`]): what an
+/// established session's two ends wait for over TLS. They are methods of the
+/// setup's [`Channel`], kept here with the session they belong to.
+impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
+    /// Receives the server's acknowledgement of an operation (step 6, client
+    /// side). A [`Message::Bye`] here is an [`HandshakeError::Unexpected`]
+    /// whose message says the server closed the connection.
+    pub async fn expect_ack(&mut self) -> Result<Ack, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Ack { op, seq, bytes } => Ok(Ack { op, seq, bytes }),
+            Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
+            other => Err(unexpected(Kind::Ack, &other)),
+        }
+    }
+
+    /// Waits for the server to end an established session (client side,
+    /// between operations): `Ok(None)` for an orderly bye, `Ok(Some(reason))`
+    /// for an abort. Cancel-safe, so it can sit in a `select!` next to the
+    /// user's input.
+    pub async fn expect_close(&mut self) -> Result<Option<AbortReason>, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Bye => Ok(None),
+            Message::Abort { reason } => Ok(Some(reason)),
+            other => Err(unexpected(Kind::Bye, &other)),
+        }
+    }
+
+    /// Receives what an established client may send (step 6, server side).
+    pub async fn expect_client_request(&mut self) -> Result<ClientRequest, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Bye => Ok(ClientRequest::Bye),
+            other => Err(unexpected(Kind::Bye, &other)),
+        }
     }
 }

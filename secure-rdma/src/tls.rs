@@ -14,8 +14,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
+use crate::protect::Side;
+
 /// Errors of TLS configuration and identity extraction.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A PEM file could not be read or parsed.
     #[error("{path}: {source}")]
@@ -54,6 +57,7 @@ pub enum TlsError {
 
 /// Why a certificate gives no identity.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdentityError {
     /// The client sent no certificate.
     #[error("client presented no certificate")]
@@ -120,7 +124,7 @@ pub fn server_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ServerCon
 }
 
 /// [`server_config`] that also refuses client certificates listed in the CRL
-/// file `crl` (PEM, from `secure-server certs revoke`).
+/// file `crl` (PEM, from [`crate::certs::revoke`]).
 pub fn server_config_with_crl(
     ca: &Path,
     cert: &Path,
@@ -200,22 +204,20 @@ pub fn client_identity(conn: &rustls::ServerConnection) -> Result<String, TlsErr
     identity_of(cert)
 }
 
-/// Which end of the connection a token belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The TLS server.
-    Server,
-    /// The TLS client.
-    Client,
+/// The two confirmation tokens of a TLS session (see [`confirmation_token`]), as
+/// [`confirmation_tokens`] derives them for one side.
+#[derive(Clone, Copy)]
+pub struct Tokens {
+    /// The one this side sends.
+    pub mine: [u8; TOKEN_LEN],
+    /// The one the peer must send.
+    pub peer: [u8; TOKEN_LEN],
 }
 
-impl Side {
-    /// The other end of the connection.
-    pub fn peer(self) -> Side {
-        match self {
-            Side::Server => Side::Client,
-            Side::Client => Side::Server,
-        }
+impl std::fmt::Debug for Tokens {
+    // The tokens are secrets: never in a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tokens(..)")
     }
 }
 
@@ -247,35 +249,17 @@ pub fn confirmation_token<D>(
 pub fn confirmation_tokens<D>(
     conn: &rustls::ConnectionCommon<D>,
     side: Side,
-) -> Result<crate::session::Tokens, TlsError> {
-    Ok(crate::session::Tokens {
+) -> Result<Tokens, TlsError> {
+    Ok(Tokens {
         mine: confirmation_token(conn, side)?,
         peer: confirmation_token(conn, side.peer())?,
-    })
-}
-
-/// The payload keys of this TLS session for `cipher`, seen from `side`: the sealer uses the
-/// key of what `side` sends, the opener the key of what the peer sends. Both ends derive the
-/// same two keys from the session's exporter secret; nobody else can.
-pub fn payload_protection<D>(
-    conn: &rustls::ConnectionCommon<D>,
-    side: Side,
-    cipher: crate::protect::Cipher,
-) -> Result<crate::protect::Protection, TlsError> {
-    use crate::protect::{key_context, Opener, Protection, Sealer, KEY_LABEL, KEY_LEN};
-    let mine = conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side)))?;
-    let theirs =
-        conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side.peer())))?;
-    Ok(Protection {
-        sealer: Sealer::new(cipher, &mine),
-        opener: Opener::new(cipher, &theirs),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handshake::Op;
+    use crate::datapath::Op;
     use crate::protect::{Cipher, Protection, OVERHEAD};
     use rustls::pki_types::ServerName;
 
@@ -313,8 +297,8 @@ mod tests {
         crate::certs::issue_client(dir.path(), "alice").unwrap();
         let cipher = Cipher::ChaCha20Poly1305;
         let (c, s) = session(dir.path()).await;
-        let mut client = payload_protection(c.get_ref().1, Side::Client, cipher).unwrap();
-        let mut server = payload_protection(s.get_ref().1, Side::Server, cipher).unwrap();
+        let mut client = Protection::from_tls(c.get_ref().1, Side::Client, cipher).unwrap();
+        let mut server = Protection::from_tls(s.get_ref().1, Side::Server, cipher).unwrap();
 
         // What the client seals, the server opens, and the reverse.
         let mut to_server = seal(&mut client, b"up");
@@ -330,8 +314,8 @@ mod tests {
 
         // Per session: a second session's keys open nothing of the first.
         let (c2, s2) = session(dir.path()).await;
-        let mut client2 = payload_protection(c2.get_ref().1, Side::Client, cipher).unwrap();
-        let mut server2 = payload_protection(s2.get_ref().1, Side::Server, cipher).unwrap();
+        let mut client2 = Protection::from_tls(c2.get_ref().1, Side::Client, cipher).unwrap();
+        let mut server2 = Protection::from_tls(s2.get_ref().1, Side::Server, cipher).unwrap();
         let mut from_first = seal(&mut client, b"old session");
         assert!(server2.opener.open(Op::Send, &mut from_first).is_err());
         let mut fresh = seal(&mut client2, b"new session");

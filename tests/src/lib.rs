@@ -225,16 +225,14 @@ pub struct LabClientArgs {
 impl LabClientArgs {
     /// The library client settings for these arguments, each step bounded by `timeout`.
     pub fn config(&self, timeout: Duration) -> secure_rdma::client::ClientConfig {
-        secure_rdma::client::ClientConfig {
-            port: self.port,
-            ca: self.certs.join("ca.pem"),
-            identity: Some((
+        secure_rdma::client::ClientConfig::new(&self.host)
+            .with_port(self.port)
+            .with_ca(self.certs.join("ca.pem"))
+            .with_identity(
                 self.certs.join(format!("{}.pem", self.name)),
                 self.certs.join(format!("{}.key", self.name)),
-            )),
-            timeout,
-            ..secure_rdma::client::ClientConfig::new(&self.host)
-        }
+            )
+            .with_timeout(timeout)
     }
 }
 

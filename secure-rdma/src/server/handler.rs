@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::handshake::Op;
+use crate::datapath::Op;
 use crate::session::Arrival;
 
 /// The client a delivery came from, authenticated by TLS.
@@ -52,7 +52,7 @@ impl std::fmt::Display for Peer {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use secure_rdma::handshake::Op;
+/// use secure_rdma::datapath::Op;
 /// use secure_rdma::server::{Delivery, Peer};
 /// use secure_rdma::session::Arrival;
 ///
@@ -90,7 +90,7 @@ impl Delivery {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// # use secure_rdma::{handshake::Op, server::{Delivery, Peer}, session::Arrival};
+    /// # use secure_rdma::{datapath::Op, server::{Delivery, Peer}, session::Arrival};
     /// # let peer = Arc::new(Peer { identity: "bob".into(), address: "10.77.0.2:1".parse().unwrap() });
     /// let d = Delivery { peer, seq: 1, arrival: Arrival::Write(vec![1, 2]) };
     /// assert_eq!(d.op(), Op::Write);

@@ -36,12 +36,14 @@ use std::time::Duration;
 /// Everything that can go wrong in the verbs layer. Each variant names the
 /// device or queue pair and the verb involved.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VerbsError {
     /// libibverbs could not list devices (library or provider missing).
     #[error("cannot list RDMA devices: {0} (are libibverbs1 and ibverbs-providers installed?)")]
     DeviceList(#[source] BoxError),
-    /// There is no RDMA device at all.
-    #[error("no RDMA device found (for Soft-RoCE run scripts/setup-softroce.sh)")]
+    /// There is no RDMA device at all (a binary names the fix: creating a
+    /// Soft-RoCE device).
+    #[error("no RDMA device found")]
     NoDevice,
     /// The named device does not exist.
     #[error("RDMA device {name:?} not found; available: {available}")]
