@@ -98,6 +98,25 @@ for crate in roce rdma-quota; do
     fi
     echo "$crate: no aya, tokio, rustls, ring, sideway or criterion in its normal dependencies"
 done
+# roce's core (decoder, encoder, ICRC, PSN arithmetic) is for anyone who only needs packets:
+# without its default features it pulls no capture-file or LRU crate.
+core=$(cargo tree -p roce --no-default-features -e normal --locked --prefix none |
+    awk '{print $1}' | grep -xE 'pcap-file|byteorder_slice|lru' | sort -u || true)
+if [ -n "$core" ]; then
+    echo "test.sh: roce without default features must not depend on: $core" >&2
+    exit 1
+fi
+echo "roce (no default features): no pcap-file, byteorder_slice or lru"
+# Libraries speak no command line: rdma-inject's and rdma-collector's build without clap.
+for crate in rdma-inject rdma-collector; do
+    cli=$(cargo tree -p "$crate" --no-default-features -e normal --locked --prefix none |
+        awk '{print $1}' | grep -xE 'clap|rdma-cli|anyhow' | sort -u || true)
+    if [ -n "$cli" ]; then
+        echo "test.sh: $crate's library (no default features) must not depend on: $cli" >&2
+        exit 1
+    fi
+    echo "$crate (no default features): no clap, rdma-cli or anyhow"
+done
 # rust-version must be one the locked dependencies accept (cargo would not check it for us).
 python3 - <<'PY'
 import json, subprocess, sys

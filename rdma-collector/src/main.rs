@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
-use rdma_collector::{Collector, ConnectionBounds};
+use rdma_collector::{BoundNames, Collector, ConnectionBounds};
 use rdma_quota::tenant::TenantBy;
 use rdma_quota::wire::DEFAULT_SOCKET;
 use rdma_quota::{LimitSetting, QuotaConfig, Quotas, Verb};
@@ -95,6 +95,17 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
         return Err("must be more than 0".to_owned());
     }
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{s} is not a duration in seconds"))
+}
+
+/// The bounds as this binary's flags name them: a program refused by one is
+/// told which flag raises it.
+fn bound_flags() -> BoundNames {
+    let mut names = BoundNames::default();
+    names.max_connections = Some("--max-connections".to_owned());
+    names.tickets = Some("--max-tickets-per-connection".to_owned());
+    names.tickets_per_uid = Some("--max-tickets-per-uid".to_owned());
+    names.tickets_per_tenant = Some("--max-tickets-per-tenant".to_owned());
+    names
 }
 
 /// Raises the soft descriptor limit to the hard one: each connection holds a
@@ -184,7 +195,8 @@ fn run(args: Args) -> Result<()> {
         Some(listener) => Collector::from_listener(listener, quotas.clone(), args.tenant_by)?,
         None => Collector::bind(&args.socket, quotas.clone(), args.tenant_by)?,
     }
-    .with_bounds(bounds);
+    .with_bounds(bounds)
+    .with_bound_names(bound_flags());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

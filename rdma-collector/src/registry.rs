@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
-use crate::ConnectionBounds;
+use crate::bounds::{hint, BoundNames, ConnectionBounds};
 
 /// A connection's number, unique for the collector's life.
 pub(crate) type ConnId = u64;
@@ -27,14 +27,16 @@ pub(crate) enum Refused {
 }
 
 impl Refused {
-    pub(crate) fn reason(&self) -> String {
+    /// What the refused program is told; `names` say how to raise a bound.
+    pub(crate) fn reason(&self, names: &BoundNames) -> String {
         match self {
             Refused::PerUid { uid, limit } => {
                 format!("too many connections for uid {uid} (limit {limit})")
             }
             Refused::Full { limit } => format!(
-                "the collector is at its limit of {limit} connections, all holding tickets \
-                 (--max-connections); try again later"
+                "the collector is at its limit of {limit} connections, all holding \
+                 tickets{}; try again later",
+                hint(names.max_connections.as_ref())
             ),
         }
     }
@@ -51,18 +53,21 @@ pub(crate) enum TicketCap {
 }
 
 impl TicketCap {
-    pub(crate) fn reason(&self) -> String {
+    /// What the program denied a ticket is told; `names` say how to raise a
+    /// bound.
+    pub(crate) fn reason(&self, names: &BoundNames) -> String {
         match self {
             TicketCap::Connection(n) => format!(
-                "{n} live tickets on one connection is the collector's maximum \
-                 (--max-tickets-per-connection)"
+                "{n} live tickets on one connection is the collector's maximum{}",
+                hint(names.tickets.as_ref())
             ),
             TicketCap::Uid(uid, n) => format!(
-                "{n} live tickets for uid {uid} is the collector's maximum (--max-tickets-per-uid)"
+                "{n} live tickets for uid {uid} is the collector's maximum{}",
+                hint(names.tickets_per_uid.as_ref())
             ),
             TicketCap::Tenant(tenant, n) => format!(
-                "{n} live tickets for tenant {tenant} is the collector's maximum \
-                 (--max-tickets-per-tenant)"
+                "{n} live tickets for tenant {tenant} is the collector's maximum{}",
+                hint(names.tickets_per_tenant.as_ref())
             ),
             TicketCap::Closing => "the collector is closing this idle connection".to_owned(),
         }
@@ -82,6 +87,7 @@ struct Entry {
 /// The connections and their counts.
 pub(crate) struct Registry {
     bounds: ConnectionBounds,
+    names: BoundNames,
     next_id: ConnId,
     conns: HashMap<ConnId, Entry>,
     /// Connections not yet closing, per uid, and in all.
@@ -103,6 +109,7 @@ impl Registry {
     pub(crate) fn new(bounds: ConnectionBounds) -> Registry {
         Registry {
             bounds,
+            names: BoundNames::default(),
             next_id: 1,
             conns: HashMap::new(),
             open_per_uid: HashMap::new(),
@@ -112,8 +119,19 @@ impl Registry {
         }
     }
 
+    /// The same registry, its refusals naming the bounds as `names` do.
+    pub(crate) fn with_names(mut self, names: BoundNames) -> Registry {
+        self.names = names;
+        self
+    }
+
     pub(crate) fn bounds(&self) -> &ConnectionBounds {
         &self.bounds
+    }
+
+    /// What the bounds are called, for refusals.
+    pub(crate) fn names(&self) -> &BoundNames {
+        &self.names
     }
 
     /// Connections open (not being closed).
@@ -301,6 +319,16 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The names the `rdma-collector` binary gives its bounds (its flags).
+    fn flag_names() -> BoundNames {
+        BoundNames {
+            max_connections: Some("--max-connections".into()),
+            tickets: Some("--max-tickets-per-connection".into()),
+            tickets_per_uid: Some("--max-tickets-per-uid".into()),
+            tickets_per_tenant: Some("--max-tickets-per-tenant".into()),
+        }
+    }
+
     fn bounds() -> ConnectionBounds {
         ConnectionBounds {
             max_connections: 4,
@@ -335,7 +363,7 @@ mod tests {
             Err(TicketCap::Tenant("/shared".into(), 5))
         );
         assert_eq!(
-            TicketCap::Tenant("/shared".into(), 5).reason(),
+            TicketCap::Tenant("/shared".into(), 5).reason(&flag_names()),
             "5 live tickets for tenant /shared is the collector's maximum (--max-tickets-per-tenant)"
         );
         assert_eq!(r.tickets(), 5);
@@ -395,8 +423,13 @@ mod tests {
         r.reserve_ticket(only).expect("ticket");
         let refused = r.open_connection(2, t0).err().expect("full");
         assert!(
-            refused.reason().contains("--max-connections"),
+            refused.reason(&flag_names()).contains("--max-connections"),
             "{refused:?}"
+        );
+        // Without names, the limit and no hint: the library knows no flags.
+        assert_eq!(
+            refused.reason(&BoundNames::default()),
+            "the collector is at its limit of 1 connections, all holding tickets; try again later"
         );
     }
 }

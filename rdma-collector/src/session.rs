@@ -76,8 +76,11 @@ impl Session {
                 // The collector's own caps bound its memory whatever the quotas
                 // say (tenants without count limits included).
                 let reserved = if creates {
-                    let reserved = self.ledger.registry().reserve_ticket(self.ledger.id);
-                    reserved.map(|()| true).map_err(|cap| cap.reason())
+                    let mut registry = self.ledger.registry();
+                    let reserved = registry.reserve_ticket(self.ledger.id);
+                    reserved
+                        .map(|()| true)
+                        .map_err(|cap| cap.reason(registry.names()))
                 } else {
                     Ok(false)
                 };
@@ -201,14 +204,21 @@ impl Drop for Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ConnectionBounds;
+    use crate::{BoundNames, ConnectionBounds};
     use rdma_quota::{QuotaConfig, Verb};
 
     fn session(quotas: &Quotas, tenant: &str, tickets: usize) -> Session {
-        let registry = Arc::new(Mutex::new(Registry::new(ConnectionBounds {
-            tickets,
-            ..ConnectionBounds::default()
-        })));
+        let names = BoundNames {
+            tickets: Some("--max-tickets-per-connection".into()),
+            ..BoundNames::default()
+        };
+        let registry = Arc::new(Mutex::new(
+            Registry::new(ConnectionBounds {
+                tickets,
+                ..ConnectionBounds::default()
+            })
+            .with_names(names),
+        ));
         let id = registry
             .lock()
             .expect("lock")

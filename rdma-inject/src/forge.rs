@@ -7,11 +7,11 @@
 
 use std::net::IpAddr;
 
+use roce::psn;
 use roce::{ExtHeaders, ImmDt, MacAddr, Opcode, Packet, PacketBuilder, Reth};
 use serde::Serialize;
 
 use crate::learn::Flow;
-use crate::psn;
 
 /// Why a frame could not be forged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -20,10 +20,9 @@
 
 use std::net::IpAddr;
 
+use roce::psn;
 use roce::{ExtHeaders, MacAddr, Operation, Packet, PacketBuilder, Reth, Transport};
 use serde::Serialize;
-
-use crate::psn;
 
 /// The rkey and virtual address of the responder's buffer, from an RDMA WRITE's RETH.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -211,7 +210,7 @@ impl FlowLearner {
         if let Some(reth) = p.ext.reth {
             flow.write = Some(reth.into());
         }
-        if !psn::psn_ahead(p.bth.psn, flow.last_psn) {
+        if !psn::ahead(p.bth.psn, flow.last_psn) {
             return Verdict::Request { advanced: false };
         }
         flow.last_psn = p.bth.psn;

@@ -1,28 +1,33 @@
 //! `rdma-inject`: the lab's attack tool against RDMA data paths that trust any packet with the
-//! right QPN and PSN (issue 11). It forges RoCEv2 RC packets with the `roce` encoder (valid
-//! ICRC) and sends them as raw Ethernet frames out of one interface:
+//! right QPN and PSN, such as a data path without payload protection: an attacker who sees or
+//! guesses those two numbers gets its own packet delivered as the peer's. It forges RoCEv2 RC
+//! packets with the `roce` encoder (valid ICRC) and sends them as raw Ethernet frames out of
+//! one interface:
 //!
-//! * **on-path** (`--observe`): learn a live flow's QPN, next PSN, addresses, UDP port and any
-//!   WRITE's rkey/address, then inject the next-PSN SEND or WRITE WITH IMMEDIATE;
-//! * **off-path** (`--blind`): random-PSN guesses at a known QPN;
-//! * **replay** (`--replay`): captured requests again, verbatim or renumbered into a live flow.
+//! * **on-path** ([`plan::Plan::Observe`]): learn a live flow's QPN, next PSN, addresses, UDP
+//!   port and any WRITE's rkey/address, then inject the next-PSN SEND or WRITE WITH IMMEDIATE;
+//! * **off-path** ([`plan::Plan::Blind`]): random-PSN guesses at a known QPN;
+//! * **replay** ([`plan::Plan::Replay`]): captured requests again, verbatim or renumbered into a
+//!   live flow.
 //!
 //! Everything that decides what goes on the wire is pure and tested on the host; only [`net`]
-//! touches sockets, and [`run`] ties the two together.
+//! touches sockets, and [`run`] ties the two together. The PSN arithmetic (next, wrap at 2^24,
+//! "ahead") is `roce::psn`'s, so the tool and the capture agree on it. The command line is the
+//! binary's (`src/bin/rdma-inject/`, behind the default `cli` feature): the library has no
+//! argument parser.
 //!
 //! Modules, in reading order:
 //!
-//! 1. [`psn`] — 24-bit PSN arithmetic (next, wrap at 2^24);
-//! 2. [`mac`] — MAC addresses from the command line and sysfs;
-//! 3. [`learn`] — [`learn::FlowLearner`]: a victim's request flow from decoded packets (only
+//! 1. [`mac`] — MAC addresses from text and sysfs;
+//! 2. [`learn`] — [`learn::FlowLearner`]: a victim's request flow from decoded packets (only
 //!    SEND and RDMA WRITE advance the PSN);
-//! 4. [`forge`] — the frames: next-PSN SEND / WRITE WITH IMMEDIATE, blind guesses, renumbered
+//! 3. [`forge`] — the frames: next-PSN SEND / WRITE WITH IMMEDIATE, blind guesses, renumbered
 //!    replays;
-//! 5. [`replay`] — the request packets of a capture file;
-//! 6. [`report`] — what is printed: one line or JSON object per injected packet, a summary;
-//! 7. [`cli`] — the command line and its checks, as a [`cli::Plan`];
-//! 8. [`net`] — the interface and its two AF_PACKET sockets (the only `unsafe` code);
-//! 9. [`run`] — runs a plan: sockets first, then learn, forge, send.
+//! 4. [`replay`] — the request packets of a capture file;
+//! 5. [`report`] — what is printed: one line or JSON object per injected packet, a summary;
+//! 6. [`plan`] — what a run does, checked: a [`plan::Plan`];
+//! 7. [`net`] — the interface and its two AF_PACKET sockets (the only `unsafe` code);
+//! 8. [`run`] — runs a plan: sockets first, then learn, forge, send.
 //!
 //! ```
 //! use rdma_inject::forge::{forge, Injection};
@@ -45,12 +50,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod cli;
 pub mod forge;
 pub mod learn;
 pub mod mac;
 pub mod net;
-pub mod psn;
+pub mod plan;
 pub mod replay;
 pub mod report;
 pub mod run;

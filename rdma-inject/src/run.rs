@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use roce::pcap::{LinkType, PcapWriter, Resolution, Timestamp};
+use roce::psn;
 
-use crate::cli::{LearnOptions, Plan};
 use crate::forge::{forge, renumber, BlindSpec, ForgeError, Forged, Injection};
 use crate::learn::{Flow, FlowLearner, Verdict};
 use crate::net::{Interface, NetError, Observer, Sender};
-use crate::psn;
+use crate::plan::{LearnOptions, Plan};
 use crate::replay::{requests_from_pcap, ReplayError};
 use crate::report::{flow_text, BlindSummary, ObserveSummary, ReplaySummary, Reporter, Summary};
 
@@ -128,12 +128,25 @@ fn out(e: io::Error) -> RunError {
 /// Runs a plan, reporting on `rep`.
 ///
 /// ```no_run
-/// use clap::Parser;
-/// use rdma_inject::{cli::Cli, report::Reporter, run::run};
+/// use std::time::Duration;
 ///
-/// let cli = Cli::parse_from(["rdma-inject", "--observe", "veth-b", "--send", "FORGED"]);
-/// let mut rep = Reporter::new(std::io::stdout(), cli.json);
-/// run(&cli.plan()?, &mut rep)?;
+/// use rdma_inject::forge::Injection;
+/// use rdma_inject::plan::{LearnOptions, Plan};
+/// use rdma_inject::{report::Reporter, run::run};
+///
+/// let plan = Plan::Observe {
+///     learn: LearnOptions {
+///         iface: "veth-b".into(),
+///         dst: None,
+///         quiet: Duration::from_millis(300),
+///         min_packets: 1,
+///         timeout: Duration::from_secs(60),
+///     },
+///     injection: Some(Injection::Send(b"FORGED".to_vec())),
+///     save: None,
+/// };
+/// let mut rep = Reporter::new(std::io::stdout(), false);
+/// run(&plan, &mut rep)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn run<W: Write>(plan: &Plan, rep: &mut Reporter<W>) -> Result<(), RunError> {

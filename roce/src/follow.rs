@@ -42,11 +42,8 @@ use serde::Serialize;
 use crate::ext::AethSyndrome;
 use crate::opcode::Operation;
 use crate::packet::Packet;
+use crate::psn::{self, HALF_WINDOW};
 
-/// PSNs are 24 bits.
-pub const PSN_MASK: u32 = 0x00ff_ffff;
-/// Half the PSN space: forward distances below this are "ahead".
-const HALF_WINDOW: u32 = 1 << 23;
 /// How far behind a flow's highest request PSN a response may be and still pair with it.
 const RECENT: u32 = 64;
 /// How many recent requests (of all flows together) the pairing index remembers. Pairing
@@ -58,16 +55,15 @@ const MIN_PATH_MTU: u32 = 256;
 /// Flows a [`Follower`] keeps by default ([`FollowConfig::max_flows`]): about 14 MB.
 pub const DEFAULT_MAX_FLOWS: usize = 65_536;
 
-/// `(a - b) mod 2^24`.
-pub fn psn_distance(a: u32, b: u32) -> u32 {
-    a.wrapping_sub(b) & PSN_MASK
-}
+/// The PSN mask, at the path it had before the arithmetic moved to [`crate::psn`].
+pub use crate::psn::PSN_MASK;
 
-/// True if `a` is ahead of `b` by less than half the PSN space.
-pub fn psn_ahead(a: u32, b: u32) -> bool {
-    let d = psn_distance(a, b);
-    d != 0 && d < HALF_WINDOW
-}
+/// `(a - b) mod 2^24`: [`crate::psn::distance`], at its former path.
+pub use crate::psn::distance as psn_distance;
+
+/// True if `a` is ahead of `b` by less than half the PSN space: [`crate::psn::ahead`], at its
+/// former path.
+pub use crate::psn::ahead as psn_ahead;
 
 /// Which of the two PSN sequences of one direction a packet is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -419,7 +415,7 @@ impl Follower {
             *k != key
                 && other_table
                     .peek(k)
-                    .is_some_and(|o| psn_distance(o.summary.highest_psn, psn) < RECENT)
+                    .is_some_and(|o| psn::distance(o.summary.highest_psn, psn) < RECENT)
         });
         let Some(other) = answered else { return };
         for k in [key, other] {
@@ -554,7 +550,7 @@ fn classify(state: &FlowState, psn: u32, op: Operation) -> PsnEvent {
     if psn == s.last_psn {
         return PsnEvent::Duplicate;
     }
-    let d = psn_distance(psn, s.highest_psn);
+    let d = psn::distance(psn, s.highest_psn);
     if d == 0 || d >= HALF_WINDOW {
         return PsnEvent::Retransmission {
             highest: s.highest_psn,
@@ -573,7 +569,7 @@ fn classify(state: &FlowState, psn: u32, op: Operation) -> PsnEvent {
         PsnEvent::Coalesced { skipped: d - 1 }
     } else {
         PsnEvent::Gap {
-            expected: s.highest_psn.wrapping_add(max) & PSN_MASK,
+            expected: psn::advance(s.highest_psn, max),
             missing: d - max,
         }
     }
@@ -615,17 +611,6 @@ mod tests {
     }
 
     use PsnEvent::*;
-
-    #[test]
-    fn distance_and_half_window() {
-        assert_eq!(psn_distance(0, 0xffffff), 1);
-        assert_eq!(psn_distance(0xffffff, 0), 0xffffff);
-        assert!(psn_ahead(2, 0xfffffe));
-        assert!(!psn_ahead(0xfffffe, 2));
-        assert!(psn_ahead(0x7fffff, 0));
-        assert!(!psn_ahead(0x800000, 0));
-        assert!(!psn_ahead(5, 5));
-    }
 
     #[test]
     fn in_order_across_the_wrap() {

@@ -34,11 +34,22 @@
 //!    is not one ([`DecodeError`]); `reader` is the bounds-checked cursor they parse with;
 //! 4. [`icrc`] — the invariant CRC both directions compute;
 //! 5. [`encode`] — [`PacketBuilder`], packets from fields;
-//! 6. [`render`] — packets as text or JSON lines (`hex` formats their opaque values);
-//! 7. [`pcap`] — capture files: a pcap writer, a pcap and pcapng reader (of a whole file, or
-//!    streaming from a pipe), [`pcap::Timestamp`];
-//! 8. [`follow`] — a QP's PSN sequence per direction: gaps, duplicates, retransmissions;
-//! 9. [`stats`] — counts over a capture.
+//! 6. [`psn`] — 24-bit PSN arithmetic: next, distance, "ahead" (wrapping at 2^24);
+//! 7. `timestamp` — [`Timestamp`], when a packet was captured;
+//! 8. `render` — packets as text or JSON lines (`hex` formats their opaque values);
+//! 9. `pcap` — capture files: a pcap writer, a pcap and pcapng reader (of a whole file, or
+//!    streaming from a pipe);
+//! 10. `follow` — a QP's PSN sequence per direction: gaps, duplicates, retransmissions;
+//! 11. [`stats`] — counts over a capture.
+//!
+//! # Features
+//!
+//! The core (decoding, encoding, ICRC, PSN arithmetic, statistics) needs no feature and no
+//! optional crate. All of these are on by default:
+//!
+//! * `pcap` — the `pcap` module (the `pcap-file` crate);
+//! * `follow` — the `follow` module, the QP follower (the `lru` crate for its flow table);
+//! * `render` — the `render` module (`serde_json` for JSON lines).
 //!
 //! ```
 //! use roce::{AethSyndrome, IcrcCheck};
@@ -48,6 +59,7 @@
 //! assert_eq!(pkt.opcode().name(), "RC Acknowledge");
 //! assert_eq!(pkt.ext.aeth.map(|a| a.syndrome), Some(AethSyndrome::Ack { credits: 31 }));
 //! assert_eq!(pkt.icrc_check, IcrcCheck::Valid);
+//! # #[cfg(feature = "render")]
 //! println!("{}", roce::render::text(&pkt, None));
 //! # Ok::<(), roce::DecodeError>(())
 //! ```
@@ -63,12 +75,17 @@ mod ip;
 mod opcode;
 mod packet;
 mod reader;
+mod timestamp;
 mod udp;
 
 pub mod encode;
+#[cfg(feature = "follow")]
 pub mod follow;
 pub mod icrc;
+#[cfg(feature = "pcap")]
 pub mod pcap;
+pub mod psn;
+#[cfg(feature = "render")]
 pub mod render;
 pub mod sll;
 pub mod stats;
@@ -86,6 +103,7 @@ pub use ext::{
 pub use ip::{internet_checksum, Ecn, IpHeader, Ipv4, Ipv6, IPPROTO_UDP};
 pub use opcode::{ExtHeaderKind, Opcode, Operation, PayloadRule, Transport};
 pub use packet::{IcrcCheck, Packet};
+pub use timestamp::Timestamp;
 pub use udp::{Udp, ROCE_V2_PORT};
 
 /// Decodes a whole Ethernet frame (without FCS; a trailing FCS or padding is ignored).

@@ -38,7 +38,7 @@ use crate::ext::ExtHeaders;
 use crate::ip::IpHeader;
 use crate::opcode::{ExtHeaderKind, Opcode};
 use crate::packet::{IcrcCheck, Packet};
-use crate::pcap::Timestamp;
+use crate::timestamp::Timestamp;
 
 /// Payload bytes shown in the text preview.
 pub const PREVIEW_BYTES: usize = 32;

@@ -9,15 +9,14 @@ use clap::Parser;
 use rdma_cli::logging::LogFormat;
 use roce::MacAddr;
 
-use crate::forge::Injection;
-use crate::mac::parse_mac;
+use rdma_inject::forge::Injection;
+use rdma_inject::mac::parse_mac;
+use rdma_inject::plan::{LearnOptions, Plan, MAX_PAYLOAD};
 
 /// The most guesses one `--blind` run sends.
 pub const MAX_GUESSES: u32 = 1_000_000;
 /// The longest `--timeout`.
 pub const MAX_TIMEOUT_SECS: u64 = 3600;
-/// The longest forged payload: one packet, so at most the largest RoCE path MTU.
-pub const MAX_PAYLOAD: usize = 4096;
 
 const ABOUT: &str = "Forge, guess and replay RoCEv2 RC packets on one interface (lab attack tool)";
 
@@ -233,80 +232,9 @@ pub enum CliError {
     StrayIface,
 }
 
-/// How to learn a live flow (`--observe`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LearnOptions {
-    /// The interface to observe (and send on).
-    pub iface: String,
-    /// The responder; `None`: the first request flow seen.
-    pub dst: Option<IpAddr>,
-    /// How long the flow must be quiet before injecting.
-    pub quiet: Duration,
-    /// Requests to see first.
-    pub min_packets: u64,
-    /// When to give up.
-    pub timeout: Duration,
-}
-
-/// What to do, checked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Plan {
-    /// `--observe`: learn a flow, then inject (or only learn).
-    Observe {
-        /// How to learn.
-        learn: LearnOptions,
-        /// What to inject; `None`: learn only.
-        injection: Option<Injection>,
-        /// Where to save the flow's requests.
-        save: Option<PathBuf>,
-    },
-    /// `--blind`: random PSN guesses.
-    Blind {
-        /// The interface.
-        iface: String,
-        /// Frame source; `None`: the interface's own.
-        src_mac: Option<MacAddr>,
-        /// Frame destination.
-        dst_mac: MacAddr,
-        /// Spoofed source.
-        src: IpAddr,
-        /// Target.
-        dst: IpAddr,
-        /// UDP source port.
-        src_port: u16,
-        /// Target QP.
-        qpn: u32,
-        /// How many.
-        guesses: u32,
-        /// PRNG seed; `None`: random.
-        seed: Option<u64>,
-        /// Payload of every guess.
-        payload: Vec<u8>,
-        /// When to stop even if guesses remain.
-        timeout: Duration,
-    },
-    /// `--replay`: captured requests again.
-    Replay {
-        /// The capture.
-        file: PathBuf,
-        /// The interface.
-        iface: String,
-        /// Renumber into this live flow; `None`: verbatim.
-        live: Option<LearnOptions>,
-    },
-}
-
 impl Cli {
     /// Checks what clap cannot and builds the [`Plan`].
     ///
-    /// ```
-    /// use clap::Parser;
-    /// use rdma_inject::cli::{Cli, Plan};
-    ///
-    /// let cli = Cli::try_parse_from(["rdma-inject", "--observe", "veth-b", "--send", "hi"])?;
-    /// assert!(matches!(cli.plan()?, Plan::Observe { .. }));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     pub fn plan(&self) -> Result<Plan, CliError> {
         let timeout = Duration::from_secs(self.timeout);
         for (flag, len) in [

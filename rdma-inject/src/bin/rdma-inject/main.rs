@@ -1,11 +1,14 @@
-//! `rdma-inject`: argument parsing, log setup and the exit code; the work is in the library.
+//! `rdma-inject`: argument parsing ([`cli`]), log setup and the exit code; the work is in the
+//! library.
+
+mod cli;
 
 use std::io::{self, BufWriter};
 use std::process::ExitCode;
 
 use clap::Parser;
+use cli::Cli;
 use rdma_cli::logging;
-use rdma_inject::cli::Cli;
 use rdma_inject::report::Reporter;
 
 fn main() -> ExitCode {
