@@ -20,12 +20,12 @@ async fn a_server_without_rdma_refuses_with_the_fix_and_exit_code_3() {
     secure_rdma::certs::init(&certs, &["localhost".into(), "127.0.0.1".into()]).expect("certs");
     secure_rdma::certs::issue_client(&certs, "alice").expect("client cert");
     // secure-server's defaults, but two clients, no CRL and a short idle timeout.
-    let server = Server::bind(ServerConfig {
-        max_clients: 2,
-        crl: None,
-        idle_timeout: Duration::from_secs(30),
-        ..ServerConfig::new("127.0.0.1:0".parse().expect("address"), &certs)
-    })
+    let server = Server::bind(
+        ServerConfig::new("127.0.0.1:0".parse().expect("address"), &certs)
+            .with_max_clients(2)
+            .with_crl(None)
+            .with_idle_timeout(Duration::from_secs(30)),
+    )
     .await
     .expect("the server starts without RDMA");
     let port = server.local_addr().expect("bound").port();

@@ -3,7 +3,7 @@
 //! names its own flags.
 
 use secure_rdma::certs::CertError;
-use secure_rdma::server::ServerError;
+use secure_rdma::server::{ConfigError, RdmaSetting, ServerError};
 use secure_rdma::verbs::VerbsError;
 
 /// A `certs` subcommand's error, with the flag or subcommand that fixes it.
@@ -21,15 +21,41 @@ pub fn cert_error(e: CertError) -> anyhow::Error {
     }
 }
 
-/// A startup error, with the script that creates a missing device.
+/// Why the server did not start, worded for secure-server: the library names the setting, this
+/// names the flag (or config-file key) that sets it, and the script that creates a missing
+/// device.
 pub fn server_error(e: ServerError) -> anyhow::Error {
-    match e {
-        ServerError::Verbs(VerbsError::NoDevice) => anyhow::anyhow!(
-            "{} (for Soft-RoCE run scripts/setup-softroce.sh)",
-            VerbsError::NoDevice
-        ),
-        other => other.into(),
-    }
+    let flag = match &e {
+        ServerError::Verbs(VerbsError::NoDevice) => {
+            return anyhow::anyhow!(
+                "{} (for Soft-RoCE run scripts/setup-softroce.sh)",
+                VerbsError::NoDevice
+            )
+        }
+        ServerError::Config(ConfigError::MaxClients) => "--max-clients must be at least 1".into(),
+        ServerError::Config(ConfigError::BufferSize { size }) => {
+            format!("--buffer-size {size} must be between 64 bytes and 1 GiB")
+        }
+        ServerError::Config(ConfigError::MaxPending) => {
+            "--max-pending and --max-pending-per-address must be at least 1".into()
+        }
+        ServerError::Config(ConfigError::MaxSessionsPerIdentity) => {
+            "--max-sessions-per-identity must be at least 1".into()
+        }
+        ServerError::NoRdma {
+            setting,
+            availability,
+        } => {
+            let flag = match setting {
+                RdmaSetting::Device(name) => format!("--device {name}"),
+                RdmaSetting::GidIndex => "--gid-index".to_owned(),
+                _ => setting.to_string(),
+            };
+            return anyhow::anyhow!("{flag} needs an RDMA device, and {availability}");
+        }
+        _ => return e.into(),
+    };
+    anyhow::anyhow!("invalid configuration: {flag}")
 }
 
 #[cfg(test)]

@@ -11,8 +11,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rdma_cli::choices::{CipherChoice, PollMode};
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
+use secure_rdma::metrics::ServerMetrics;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
-use secure_rdma::server::{AuthFailures, Limits, ProtectionPolicy, Server, ServerConfig};
+use secure_rdma::server::{Limits, ProtectionPolicy, Server, ServerConfig};
 use secure_rdma::verbs::Poll;
 use serde::Deserialize;
 
@@ -34,7 +35,6 @@ mod telemetry {
         _: Quotas,
         _: Duration,
         _: Option<SocketAddr>,
-        _: secure_rdma::server::AuthFailures,
         _: secure_rdma::metrics::ServerMetrics,
     ) -> anyhow::Result<()> {
         anyhow::bail!(
@@ -204,10 +204,7 @@ fn protection_policy(flags: &Opts, file: &Opts) -> ProtectionPolicy {
         return ProtectionPolicy::off();
     }
     let ciphers = flags.cipher.or(file.cipher).unwrap_or_default().ciphers();
-    ProtectionPolicy {
-        ciphers,
-        allow_unprotected: flags.allow_unprotected || file.allow_unprotected,
-    }
+    ProtectionPolicy::new(ciphers, flags.allow_unprotected || file.allow_unprotected)
 }
 
 #[derive(Debug, Subcommand)]
@@ -351,28 +348,26 @@ async fn serve(flags: Opts) -> Result<()> {
         None => Opts::default(),
     };
     let protection = protection_policy(&flags, &file);
-    let defaults = Limits::default();
-    let limits = Limits {
-        max_pending: flags
-            .max_pending
-            .or(file.max_pending)
-            .unwrap_or(defaults.max_pending),
-        max_pending_per_address: flags
-            .max_pending_per_address
-            .or(file.max_pending_per_address)
-            .unwrap_or(defaults.max_pending_per_address),
-        write_timeout: flags
-            .write_timeout
-            .or(file.write_timeout)
-            .map_or(defaults.write_timeout, |s| Duration::from_secs(s.max(1))),
-        max_sessions_per_identity: flags
-            .max_sessions_per_identity
-            .or(file.max_sessions_per_identity),
-        max_session_lifetime: flags
-            .max_session_lifetime
-            .or(file.max_session_lifetime)
-            .map(|s| Duration::from_secs(s.max(1))),
-    };
+    let mut limits = Limits::default();
+    limits.max_pending = flags
+        .max_pending
+        .or(file.max_pending)
+        .unwrap_or(limits.max_pending);
+    limits.max_pending_per_address = flags
+        .max_pending_per_address
+        .or(file.max_pending_per_address)
+        .unwrap_or(limits.max_pending_per_address);
+    limits.write_timeout = flags
+        .write_timeout
+        .or(file.write_timeout)
+        .map_or(limits.write_timeout, |s| Duration::from_secs(s.max(1)));
+    limits.max_sessions_per_identity = flags
+        .max_sessions_per_identity
+        .or(file.max_sessions_per_identity);
+    limits.max_session_lifetime = flags
+        .max_session_lifetime
+        .or(file.max_session_lifetime)
+        .map(|s| Duration::from_secs(s.max(1)));
     let allow_gid_mismatch = flags.allow_gid_mismatch || file.allow_gid_mismatch;
     let dir = flags
         .certs
@@ -401,41 +396,39 @@ async fn serve(flags: Opts) -> Result<()> {
             "the CA key sits next to the server's files: whoever can read them can mint any client identity; keep it elsewhere (secure-server certs init --ca-dir)"
         );
     }
-    let mut config = ServerConfig {
-        // A flag wins over the file, and within each an explicit address wins over a bare port.
-        listen: flags
-            .listen
-            .or(flags.port.map(any_address))
-            .or(file.listen)
-            .or(file.port.map(any_address))
-            .unwrap_or_else(|| any_address(4433)),
-        max_clients: flags.max_clients.or(file.max_clients).unwrap_or(10),
-        device: flags.device.or(file.device),
-        gid_index: flags.gid_index.or(file.gid_index),
-        buffer_size: flags.buffer_size.or(file.buffer_size).unwrap_or(4096),
-        ca: ca.cert,
-        cert: server.cert,
-        key: server.key,
-        crl: Some(certs::crl_path(&dir)),
-        handshake_timeout: Duration::from_secs(
+    // A flag wins over the file, and within each an explicit address wins over a bare port.
+    let listen = flags
+        .listen
+        .or(flags.port.map(any_address))
+        .or(file.listen)
+        .or(file.port.map(any_address))
+        .unwrap_or_else(|| any_address(4433));
+    // The certificates of `dir`: ca.pem, server.pem, server.key and crl.pem, as checked above.
+    let mut config = ServerConfig::new(listen, &dir)
+        .with_max_clients(flags.max_clients.or(file.max_clients).unwrap_or(10))
+        .with_device(flags.device.or(file.device))
+        .with_gid_index(flags.gid_index.or(file.gid_index))
+        .with_buffer_size(flags.buffer_size.or(file.buffer_size).unwrap_or(4096))
+        .with_handshake_timeout(Duration::from_secs(
             flags
                 .handshake_timeout
                 .or(file.handshake_timeout)
                 .unwrap_or(10)
                 .max(1),
-        ),
-        idle_timeout: Duration::from_secs(flags.idle_timeout.or(file.idle_timeout).unwrap_or(300)),
-        quotas: quotas(
+        ))
+        .with_idle_timeout(Duration::from_secs(
+            flags.idle_timeout.or(file.idle_timeout).unwrap_or(300),
+        ))
+        .with_quotas(quotas(
             flags.quota.or(file.quota),
             file.limit.iter().chain(&flags.limit),
-        )?,
-        protection,
-        allow_gid_mismatch,
-        limits,
-        auth_failures: AuthFailures::default(),
-        metrics: Default::default(),
-        poll: flags.poll.or(file.poll).unwrap_or_default(),
-    };
+        )?)
+        .with_protection(protection)
+        .with_allow_gid_mismatch(allow_gid_mismatch)
+        .with_limits(limits)
+        .with_poll(flags.poll.or(file.poll).unwrap_or_default());
+    // The server's counts, shared with telemetry (started before the server binds).
+    let server_metrics = ServerMetrics::default();
     if config.protection.ciphers.is_empty() {
         tracing::warn!("payload protection is OFF (--no-payload-protection): an on-path attacker can forge, replay and read RDMA messages");
     }
@@ -453,17 +446,13 @@ async fn serve(flags: Opts) -> Result<()> {
                 .unwrap_or(10)
                 .max(1),
         );
-        telemetry::start(
-            quotas,
-            every,
-            metrics,
-            config.auth_failures.clone(),
-            config.metrics.clone(),
-        )
-        .await?;
+        telemetry::start(quotas, every, metrics, server_metrics.clone()).await?;
     }
     let max = config.max_clients;
-    let srv = Server::bind(config).await.map_err(hints::server_error)?;
+    let srv = Server::bind(config)
+        .await
+        .map_err(hints::server_error)?
+        .with_metrics(server_metrics);
     tracing::info!(listen = %srv.local_addr()?, max_clients = max, "secure-server ready");
     srv.run(shutdown_signal()).await;
     Ok(())

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 use secure_rdma::metrics::ServerMetrics;
 use secure_rdma::quota::Quotas;
-use secure_rdma::server::AuthFailures;
 use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
 use telemetry_ebpf::report::{self, BuildInfo, Sampler, Snapshot};
 use tokio::sync::watch;
@@ -26,7 +25,6 @@ pub async fn start(
     quotas: Quotas,
     every: Duration,
     metrics: Option<SocketAddr>,
-    auth_failures: AuthFailures,
     server_metrics: ServerMetrics,
 ) -> Result<()> {
     let options = MonitorOptions {
@@ -47,6 +45,7 @@ pub async fn start(
             None
         }
     };
+    let auth_failures = server_metrics.clone();
     let tx = match metrics {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -69,7 +68,7 @@ pub async fn start(
         // Messages that failed authentication, per identity, next to the port counters that
         // show the same injection from the device's side.
         let mut sampler = Sampler::new(Some(quotas.config().clone()))
-            .auth_failures_from(move || auth_failures.snapshot());
+            .auth_failures_from(move || auth_failures.auth_failures());
         let mut ticker = tokio::time::interval(every);
         loop {
             ticker.tick().await;

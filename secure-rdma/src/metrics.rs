@@ -5,7 +5,9 @@
 //! histograms that the [server](crate::server) updates as clients come and
 //! go; an exporter (secure-server's `--metrics`) registers them in its
 //! registry with [`ServerMetrics::register`]. The library only counts: it
-//! serves nothing and installs nothing.
+//! serves nothing and installs nothing. Authentication failures are counted
+//! once, here: the same counters feed the exposition and the per-identity
+//! snapshot a telemetry report shows ([`ServerMetrics::auth_failures`]).
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -38,6 +40,8 @@
 //! # Ok::<(), std::fmt::Error>(())
 //! ```
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -194,9 +198,8 @@ fn verb_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.000_01, 2.0, 22))
 }
 
-/// The server's metrics. Clones share the same counts, so keep one in
-/// [`ServerConfig::metrics`](crate::server::ServerConfig::metrics) and
-/// another to register.
+/// The server's metrics. Clones share the same counts, so give one to the
+/// [`Server`](crate::server::Server::with_metrics) and register another.
 #[derive(Debug, Clone)]
 pub struct ServerMetrics {
     sessions_active: Family<DeviceLabels, Gauge>,
@@ -205,6 +208,9 @@ pub struct ServerMetrics {
     messages: Family<TenantOpLabels, Counter>,
     bytes: Family<TenantOpLabels, Counter>,
     auth_failures: Family<TenantLabels, Counter>,
+    /// The same counters as `auth_failures`, by identity: a `Family` cannot be listed, and the
+    /// telemetry report shows every identity's count.
+    auth_failures_by_tenant: Arc<Mutex<BTreeMap<String, Counter>>>,
     handshake_duration: Histogram,
     verb_duration: Family<DeviceVerbLabels, Histogram, fn() -> Histogram>,
 }
@@ -218,6 +224,7 @@ impl Default for ServerMetrics {
             messages: Family::default(),
             bytes: Family::default(),
             auth_failures: Family::default(),
+            auth_failures_by_tenant: Arc::default(),
             handshake_duration: handshake_buckets(),
             verb_duration: Family::new_with_constructor(verb_buckets),
         };
@@ -325,13 +332,49 @@ impl ServerMetrics {
         ActiveSession { gauge }
     }
 
-    /// Counts one message of `tenant` that failed authentication.
+    /// Counts one message of `tenant` that failed authentication: a forgery, a replay or
+    /// corruption on the RDMA path, which ended its session.
     pub fn auth_failure(&self, tenant: &str) {
-        self.auth_failures
-            .get_or_create(&TenantLabels {
-                tenant: tenant.to_owned(),
+        let mut by_tenant = self
+            .auth_failures_by_tenant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        by_tenant
+            .entry(tenant.to_owned())
+            .or_insert_with(|| {
+                self.auth_failures.get_or_create_owned(&TenantLabels {
+                    tenant: tenant.to_owned(),
+                })
             })
             .inc();
+    }
+
+    /// Authentication failures so far, per identity (the telemetry report's `auth_failures`).
+    ///
+    /// ```
+    /// use secure_rdma::metrics::ServerMetrics;
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.auth_failure("mallory");
+    /// assert_eq!(metrics.auth_failures().get("mallory"), Some(&1));
+    /// ```
+    pub fn auth_failures(&self) -> BTreeMap<String, u64> {
+        self.auth_failures_by_tenant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(tenant, counter)| (tenant.clone(), counter.get()))
+            .collect()
+    }
+
+    /// Authentication failures so far, of every identity.
+    pub fn auth_failures_total(&self) -> u64 {
+        self.auth_failures_by_tenant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(Counter::get)
+            .sum()
     }
 
     /// The series one session of `tenant` on `device` writes to per message, looked up once:
@@ -485,5 +528,15 @@ mod tests {
         assert!(render(&kept)
             .lines()
             .any(|l| l == "secure_rdma_sessions_active{device=\"rxe-a\"} 0"));
+    }
+
+    #[test]
+    fn auth_failures_count_per_identity() {
+        let f = ServerMetrics::default();
+        f.auth_failure("alice");
+        f.auth_failure("alice");
+        f.clone().auth_failure("bob");
+        assert_eq!(f.auth_failures_total(), 3);
+        assert_eq!(f.auth_failures().get("alice"), Some(&2));
     }
 }

@@ -57,10 +57,11 @@ impl std::fmt::Display for Peer {
 /// use secure_rdma::session::Arrival;
 ///
 /// let peer = Arc::new(Peer { identity: "alice".into(), address: "10.77.0.2:50000".parse().unwrap() });
-/// let d = Delivery { peer, seq: 1, arrival: Arrival::Send(b"hello".to_vec()) };
+/// let d = Delivery::new(peer, 1, Arrival::Send(b"hello".to_vec()));
 /// assert_eq!((d.identity(), d.op(), d.data()), ("alice", Op::Send, &b"hello"[..]));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Delivery {
     /// Who sent it; shared by every delivery of one session.
     pub peer: Arc<Peer>,
@@ -72,6 +73,21 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// The `seq`th arrival of `peer`'s session (the server makes these; an
+    /// application makes its own to test its handler).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use secure_rdma::server::{Delivery, Peer};
+    /// # use secure_rdma::session::Arrival;
+    /// # let peer = Arc::new(Peer { identity: "bob".into(), address: "10.77.0.2:1".parse().unwrap() });
+    /// let d = Delivery::new(peer, 7, Arrival::Send(b"hi".to_vec()));
+    /// assert_eq!(d.seq, 7);
+    /// ```
+    pub fn new(peer: Arc<Peer>, seq: u64, arrival: Arrival) -> Delivery {
+        Delivery { peer, seq, arrival }
+    }
+
     /// The sender's identity (the tenant).
     ///
     /// ```
@@ -79,7 +95,7 @@ impl Delivery {
     /// # use secure_rdma::server::{Delivery, Peer};
     /// # use secure_rdma::session::Arrival;
     /// # let peer = Arc::new(Peer { identity: "bob".into(), address: "10.77.0.2:1".parse().unwrap() });
-    /// let d = Delivery { peer, seq: 1, arrival: Arrival::Write(vec![1, 2]) };
+    /// let d = Delivery::new(peer, 1, Arrival::Write(vec![1, 2]));
     /// assert_eq!(d.identity(), "bob");
     /// ```
     pub fn identity(&self) -> &str {
@@ -92,7 +108,7 @@ impl Delivery {
     /// # use std::sync::Arc;
     /// # use secure_rdma::{datapath::Op, server::{Delivery, Peer}, session::Arrival};
     /// # let peer = Arc::new(Peer { identity: "bob".into(), address: "10.77.0.2:1".parse().unwrap() });
-    /// let d = Delivery { peer, seq: 1, arrival: Arrival::Write(vec![1, 2]) };
+    /// let d = Delivery::new(peer, 1, Arrival::Write(vec![1, 2]));
     /// assert_eq!(d.op(), Op::Write);
     /// ```
     pub fn op(&self) -> Op {
@@ -106,7 +122,7 @@ impl Delivery {
     /// # use secure_rdma::server::{Delivery, Peer};
     /// # use secure_rdma::session::Arrival;
     /// # let peer = Arc::new(Peer { identity: "bob".into(), address: "10.77.0.2:1".parse().unwrap() });
-    /// let d = Delivery { peer, seq: 1, arrival: Arrival::Send(b"hi".to_vec()) };
+    /// let d = Delivery::new(peer, 1, Arrival::Send(b"hi".to_vec()));
     /// assert_eq!(d.data(), b"hi");
     /// ```
     pub fn data(&self) -> &[u8] {
@@ -118,6 +134,7 @@ impl Delivery {
 /// told bye) without acknowledging it, so the client never counts it as
 /// delivered; `secure-client` reconnects and sends it again, once.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandlerError {
     /// The application stopped receiving: the receiving end of the channel
     /// was dropped.
@@ -174,7 +191,7 @@ pub trait Handler: Send + Sync + 'static {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let (tx, mut rx) = tokio::sync::mpsc::channel(8);
     /// let peer = Arc::new(Peer { identity: "alice".into(), address: "10.77.0.2:1".parse().unwrap() });
-    /// tx.handle(Delivery { peer, seq: 1, arrival: Arrival::Send(b"hi".to_vec()) }).await.unwrap();
+    /// tx.handle(Delivery::new(peer, 1, Arrival::Send(b"hi".to_vec()))).await.unwrap();
     /// assert_eq!(rx.recv().await.unwrap().data(), b"hi");
     /// # }
     /// ```

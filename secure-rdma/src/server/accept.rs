@@ -1,0 +1,205 @@
+//! The accept loop: [`Server::run`] takes connections until shutdown, one
+//! task per connection; each task runs the TLS handshake, then admission,
+//! then the session, and ends with an [`Outcome`] that the loop tallies
+//! into the run's [`Summary`].
+//!
+//! The loop itself never waits on a peer: pending limits are checked at
+//! accept (a connection over them is closed before TLS), and a failing
+//! `accept()` (descriptors exhausted) pauses it with a back-off instead of
+//! spinning.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::admission::{admit, Pending};
+use super::session_loop::serve_session;
+use super::{Server, Shared};
+use crate::handshake::Channel;
+use crate::metrics::{self, HandshakeOutcome};
+use crate::ratelimit::LogLimiter;
+use crate::tls;
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Clients that completed the handshake.
+    pub served: u64,
+    /// Clients refused at admission.
+    pub rejected: u64,
+}
+
+/// How one connection's task ended.
+pub(super) enum Outcome {
+    /// A session was established and has ended.
+    Served,
+    /// Admission refused the client, and told it why.
+    Rejected,
+    /// The handshake broke, timed out or failed before a session existed.
+    Failed,
+}
+
+impl Server {
+    /// Serves until `shutdown` resolves; then stops accepting, says bye to
+    /// every client, frees everything and returns.
+    ///
+    /// ```no_run
+    /// # async fn demo(server: secure_rdma::server::Server) {
+    /// // Serve until Ctrl-C; every client's RDMA resources are freed before `run` returns.
+    /// let summary = server
+    ///     .run(async {
+    ///         let _ = tokio::signal::ctrl_c().await;
+    ///     })
+    ///     .await;
+    /// println!("served {} clients, rejected {}", summary.served, summary.rejected);
+    /// # }
+    /// ```
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Summary {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let shared = Arc::new(self.shared);
+        let mut tasks = JoinSet::new();
+        let mut summary = Summary {
+            served: 0,
+            rejected: 0,
+        };
+        tokio::pin!(shutdown);
+        // accept() fails with EMFILE/ENFILE while descriptors are exhausted, and fails again at
+        // once: without a pause the loop spins and logs millions of lines. Back off (10 ms
+        // doubling to 1 s) and rate-limit the warnings.
+        const MIN_PAUSE: Duration = Duration::from_millis(10);
+        let mut pause_for = MIN_PAUSE;
+        let pause = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(pause);
+        let mut paused = false;
+        let mut accept_log = LogLimiter::new(5, Duration::from_secs(1));
+        let mut refused_log = LogLimiter::new(5, Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = &mut pause, if paused => paused = false,
+                accepted = self.listener.accept(), if !paused => match accepted {
+                    Ok((conn, peer)) => {
+                        pause_for = MIN_PAUSE;
+                        match Pending::take(&shared, peer.ip()) {
+                            Ok(pending) => {
+                                let shared = Arc::clone(&shared);
+                                let stop = stop_rx.clone();
+                                tasks.spawn(serve(conn, peer, shared, stop, pending));
+                            }
+                            Err(why) => {
+                                // Closed before TLS: it costs nothing but this descriptor, now freed.
+                                drop(conn);
+                                shared.metrics.rejected(metrics::PENDING_LIMIT);
+                                if let Some(suppressed) = refused_log.check() {
+                                    tracing::warn!(%peer, suppressed, "connection closed at accept: {why}");
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if let Some(suppressed) = accept_log.check() {
+                            tracing::warn!(error = %e, suppressed, retry_in_ms = pause_for.as_millis() as u64, "accept failed; pausing accepts");
+                        }
+                        pause.as_mut().reset(tokio::time::Instant::now() + pause_for);
+                        paused = true;
+                        pause_for = (pause_for * 2).min(Duration::from_secs(1));
+                    }
+                },
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    tally(&mut summary, done);
+                }
+            }
+        }
+        tracing::info!(clients = tasks.len(), "shutting down: closing clients");
+        let _ = stop_tx.send(true);
+        while let Some(done) = tasks.join_next().await {
+            tally(&mut summary, done);
+        }
+        tracing::info!(
+            served = summary.served,
+            rejected = summary.rejected,
+            "server stopped; every client resource freed"
+        );
+        summary
+    }
+}
+
+fn tally(summary: &mut Summary, done: Result<Outcome, tokio::task::JoinError>) {
+    match done {
+        Ok(Outcome::Served) => summary.served += 1,
+        Ok(Outcome::Rejected) => summary.rejected += 1,
+        Ok(Outcome::Failed) => {}
+        Err(e) => tracing::error!(error = %e, "client task panicked"),
+    }
+}
+
+/// One connection's task: the TLS handshake, then admission, then the session.
+async fn serve(
+    conn: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+    pending: Pending,
+) -> Outcome {
+    let cfg = &shared.config;
+    // The handshake's duration counts from here: TLS, admission and RDMA setup.
+    let accepted = Instant::now();
+    let failed = |outcome: HandshakeOutcome| {
+        shared.metrics.handshake(outcome);
+        Outcome::Failed
+    };
+    let local_ip = match conn.local_addr() {
+        Ok(a) => a.ip(),
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "connection lost before TLS");
+            return failed(HandshakeOutcome::Failed);
+        }
+    };
+    let _ = conn.set_nodelay(true);
+    let acceptor = shared.tls.current(cfg);
+    let tls = match tokio::time::timeout(cfg.handshake_timeout, acceptor.accept(conn)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, error = %e, "TLS handshake failed: client refused");
+            return failed(HandshakeOutcome::TlsFailed);
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "TLS handshake timed out");
+            return failed(HandshakeOutcome::TimedOut);
+        }
+    };
+    let conn_state = &tls.get_ref().1;
+    let identity = match tls::client_identity(conn_state) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "client refused");
+            return failed(HandshakeOutcome::TlsFailed);
+        }
+    };
+    let chan = Channel::new(tls);
+    // Whether the TLS handshake resumed an earlier session rides on every line of the
+    // connection's log: a resumed session was authenticated by the certificate checked then.
+    let tls = match chan.get_ref().get_ref().1.handshake_kind() {
+        Some(rustls::HandshakeKind::Resumed) => "resumed",
+        _ => "full",
+    };
+    // An explicit root: a connection's span must never nest under whatever
+    // span happens to be current on the accepting thread.
+    let span = tracing::info_span!(parent: None, "client", id = %identity, %peer, tls);
+    async move {
+        let admitted = admit(chan, identity, local_ip, peer.ip(), &shared, &stop).await;
+        // Admitted or not, this connection is no longer pending.
+        drop(pending);
+        match admitted {
+            Ok(admitted) => serve_session(admitted, peer, &shared, stop, accepted).await,
+            Err(outcome) => outcome,
+        }
+    }
+    .instrument(span)
+    .await
+}

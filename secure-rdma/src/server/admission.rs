@@ -1,0 +1,359 @@
+//! Admission: who may take a client slot, before any RDMA resource exists
+//! for them.
+//!
+//! A connection is counted as pending from accept until admitted or refused
+//! ([`Pending`], bounded in all and per source address), so idle or slow
+//! peers cannot pin unbounded descriptors. Once TLS names the client,
+//! [`admit`] reads its hello, picks a cipher, takes a per-identity session
+//! ([`IdentitySession`]), a client slot, a device and the quota counts, and
+//! tells the client `accept` or why not ([`reject`]). What it reserved is
+//! held ([`Held`]) until the session is gone.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, OwnedSemaphorePermit};
+
+use super::accept::Outcome;
+use super::{ServerChannel, Shared};
+use crate::handshake::{Channel, Message, RejectReason, RDMA_ACKS, VERSION};
+use crate::metrics::{self, HandshakeOutcome, ServerMetrics};
+use crate::protect::{Protection, Side};
+use crate::quota::{TenantInfo, TenantQuota};
+use crate::session::{Secrets, SessionAdmission, SessionConfig};
+use crate::tls;
+use crate::verbs::{Device, GidEntry};
+
+/// Operations a client on the streaming data path ([`RDMA_ACKS`]) may have
+/// unacknowledged at once: the receive slots the server keeps posted per
+/// session, and the write slots it registers for it.
+pub const RDMA_WINDOW: usize = 16;
+
+/// Live counts per key (connections per address, sessions per identity); a key leaves the map
+/// when its count returns to 0, so the map holds only keys in use.
+pub(super) struct KeyCounts<K>(Mutex<HashMap<K, usize>>);
+
+impl<K> Default for KeyCounts<K> {
+    fn default() -> Self {
+        KeyCounts(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K: Eq + std::hash::Hash + Clone> KeyCounts<K> {
+    /// Counts one more for `key`, unless it already has `max`: then `Err` with its count.
+    fn take(&self, key: &K, max: Option<usize>) -> Result<(), usize> {
+        let mut by = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = by.entry(key.clone()).or_insert(0);
+        if max.is_some_and(|max| *n >= max) {
+            return Err(*n);
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    /// Counts one less for `key`.
+    fn release(&self, key: &K) {
+        let mut by = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = by.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(key);
+            }
+        }
+    }
+}
+
+/// Which pending limit a new connection would exceed; it names the [`Limits`](super::Limits)
+/// field to raise.
+#[derive(Debug)]
+pub(super) enum PendingLimit {
+    /// [`Limits::max_pending`](super::Limits::max_pending) connections are pending.
+    Total { max: usize },
+    /// `address` has `count` pending, the per-address maximum.
+    PerAddress { address: IpAddr, count: usize },
+}
+
+impl std::fmt::Display for PendingLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PendingLimit::Total { max } => write!(
+                f,
+                "{max} connections already in TLS handshake or admission (max_pending)"
+            ),
+            PendingLimit::PerAddress { address, count } => write!(
+                f,
+                "{address} already has {count} connections in TLS handshake or admission (max_pending_per_address)"
+            ),
+        }
+    }
+}
+
+/// A connection that is not admitted yet: counted against the pending limits until dropped.
+pub(super) struct Pending {
+    _permit: OwnedSemaphorePermit,
+    address: IpAddr,
+    shared: Arc<Shared>,
+}
+
+impl Pending {
+    /// Counts a new connection from `address`, or says which limit it would exceed.
+    pub(super) fn take(shared: &Arc<Shared>, address: IpAddr) -> Result<Pending, PendingLimit> {
+        let limits = &shared.config.limits;
+        let Ok(permit) = Arc::clone(&shared.pending).try_acquire_owned() else {
+            return Err(PendingLimit::Total {
+                max: limits.max_pending,
+            });
+        };
+        if let Err(count) = shared
+            .pending_by_address
+            .take(&address, Some(limits.max_pending_per_address))
+        {
+            return Err(PendingLimit::PerAddress { address, count });
+        }
+        Ok(Pending {
+            _permit: permit,
+            address,
+            shared: Arc::clone(shared),
+        })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.shared.pending_by_address.release(&self.address);
+    }
+}
+
+/// One live session of an identity, counted until dropped.
+pub(super) struct IdentitySession {
+    identity: String,
+    shared: Arc<Shared>,
+}
+
+impl IdentitySession {
+    fn take(shared: &Arc<Shared>, identity: &str) -> Result<IdentitySession, RejectReason> {
+        let identity = identity.to_owned();
+        let max = shared.config.limits.max_sessions_per_identity;
+        if let Err(active) = shared.sessions_by_identity.take(&identity, max) {
+            return Err(RejectReason::IdentityLimit {
+                identity,
+                active,
+                max: max.unwrap_or(active),
+            });
+        }
+        Ok(IdentitySession {
+            identity,
+            shared: Arc::clone(shared),
+        })
+    }
+}
+
+impl Drop for IdentitySession {
+    fn drop(&mut self) {
+        self.shared.sessions_by_identity.release(&self.identity);
+    }
+}
+
+/// What an admitted client holds until its session is gone. Field order is
+/// drop order: the quota counts, then the slot. Both go with the RDMA
+/// resources, not after the goodbye, so a client waiting for this one to
+/// leave finds room as soon as its kernel objects are gone.
+pub(super) struct Held {
+    _quota: Option<(SessionAdmission, TenantQuota)>,
+    _identity: IdentitySession,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// A client that passed admission: authenticated by TLS, a supported
+/// protocol version, a free slot, a device for its address and its quota
+/// counts reserved. Nothing RDMA exists for it yet.
+pub(super) struct Admitted {
+    pub(super) chan: ServerChannel,
+    pub(super) identity: String,
+    pub(super) device: Arc<Device>,
+    pub(super) sgid: GidEntry,
+    pub(super) secrets: Secrets,
+    pub(super) session_cfg: SessionConfig,
+    /// Acknowledgements go over RDMA (the client asked for [`RDMA_ACKS`]).
+    pub(super) rdma_acks: bool,
+    pub(super) held: Held,
+}
+
+/// Admission, steps 1–2 of the [handshake](crate::handshake): the hello, a
+/// slot, a device, the quotas; the client is told `accept` or why not. On a
+/// refusal everything reserved so far is released and the outcome returned.
+pub(super) async fn admit(
+    mut chan: ServerChannel,
+    identity: String,
+    local_ip: IpAddr,
+    peer_ip: IpAddr,
+    shared: &Arc<Shared>,
+    stop: &watch::Receiver<bool>,
+) -> Result<Admitted, Outcome> {
+    let cfg = &shared.config;
+    let counts = &shared.metrics;
+    let hello = match tokio::time::timeout(cfg.handshake_timeout, chan.expect_hello()).await {
+        Ok(Ok(hello)) if hello.version == VERSION => hello,
+        Ok(Ok(hello)) => {
+            let reason = RejectReason::Version {
+                server: VERSION,
+                client: hello.version,
+            };
+            return Err(reject(counts, &mut chan, reason).await);
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "no hello; closing");
+            counts.handshake(HandshakeOutcome::Failed);
+            return Err(Outcome::Failed);
+        }
+        Err(_) => {
+            tracing::warn!("no hello in time");
+            counts.handshake(HandshakeOutcome::TimedOut);
+            return Err(Outcome::Failed);
+        }
+    };
+    if *stop.borrow() {
+        return Err(reject(counts, &mut chan, RejectReason::ShuttingDown).await);
+    }
+    let cipher = match cfg.protection.choose(&hello.ciphers) {
+        Ok(c) => c,
+        Err(reason) => return Err(reject(counts, &mut chan, reason).await),
+    };
+    // One identity cannot hold every slot.
+    let identity_session = match IdentitySession::take(shared, &identity) {
+        Ok(s) => s,
+        Err(reason) => return Err(reject(counts, &mut chan, reason).await),
+    };
+    // A client slot before any RDMA resource exists.
+    let Ok(slot) = Arc::clone(&shared.slots).try_acquire_owned() else {
+        let max = cfg.max_clients;
+        let active = max - shared.slots.available_permits();
+        return Err(reject(counts, &mut chan, RejectReason::ServerFull { active, max }).await);
+    };
+    let (device, sgid) = match shared.devices.resolve(local_ip) {
+        Ok(found) => found,
+        Err(e) => {
+            // Without RDMA on this host, the client hears what the host lacks and the fix, not
+            // libibverbs' errno (ENOSYS when the kernel has no RDMA support).
+            let availability = Device::availability();
+            let detail = if availability.is_available() {
+                e.to_string()
+            } else {
+                availability.to_string()
+            };
+            tracing::error!(error = %e, "no RDMA device for this connection");
+            return Err(reject(counts, &mut chan, RejectReason::Unavailable { detail }).await);
+        }
+    };
+    // The streaming data path: acknowledgements over RDMA, so the client may keep a window of
+    // operations in flight; each needs a receive slot (16 posted) and, for WRITEs, a slot of
+    // its own in the write region.
+    let rdma_window = hello
+        .capabilities
+        .iter()
+        .any(|c| c == RDMA_ACKS)
+        .then_some(RDMA_WINDOW);
+    let session_cfg = SessionConfig {
+        buffer_size: cfg.buffer_size,
+        recv_slots: RDMA_WINDOW,
+        send_slots: rdma_window.unwrap_or(1),
+        write_slots: rdma_window.unwrap_or(1),
+        protected: cipher.is_some(),
+        accept_writes: true,
+        peer_address: (!cfg.allow_gid_mismatch).then_some(peer_ip),
+        ..SessionConfig::default()
+    };
+    // Quotas are checked for everything the session will make, before any of
+    // it reaches the kernel; the counts stay held until the session is gone.
+    let quota = match &cfg.quotas {
+        None => None,
+        Some(quotas) => {
+            let tenant = quotas.register(TenantInfo {
+                identity: identity.clone(),
+                pid: std::process::id(),
+                cgroup_id: shared.cgroup_id,
+            });
+            match session_cfg.admit(&tenant) {
+                Ok(admission) => Some((admission, tenant)),
+                Err(refusal) => {
+                    tracing::warn!(
+                        client = %identity,
+                        verb = %refusal.verb(),
+                        key = %refusal.key(),
+                        limit = refusal.limit(),
+                        current = refusal.current(),
+                        "INTERCEPTED: {refusal}"
+                    );
+                    let detail = refusal.to_string();
+                    return Err(reject(counts, &mut chan, RejectReason::Quota { detail }).await);
+                }
+            }
+        }
+    };
+    let accept = Message::Accept {
+        buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
+        identity: identity.clone(),
+        cipher,
+        rdma_window: rdma_window.map(|w| w as u32),
+    };
+    if chan.send(&accept).await.is_err() {
+        counts.handshake(HandshakeOutcome::Failed);
+        return Err(Outcome::Failed);
+    }
+    // The confirmation tokens and payload keys are derived while the accept travels: the
+    // client needs neither before it has made its QP, and under emulation the four exporter
+    // calls take a few hundred microseconds of the handshake.
+    let secrets = match derive_secrets(chan.get_ref().get_ref().1, cipher) {
+        Ok(secrets) => secrets,
+        Err(e) => {
+            tracing::error!(error = %e, "TLS exporter failed");
+            counts.handshake(HandshakeOutcome::Failed);
+            return Err(Outcome::Failed);
+        }
+    };
+    Ok(Admitted {
+        chan,
+        identity,
+        device,
+        sgid,
+        secrets,
+        session_cfg,
+        rdma_acks: rdma_window.is_some(),
+        held: Held {
+            _quota: quota,
+            _identity: identity_session,
+            _slot: slot,
+        },
+    })
+}
+
+/// The server's confirmation tokens (its own and the one it expects) and, with a cipher, its
+/// payload keys, from the TLS session's exporter.
+fn derive_secrets(
+    conn: &rustls::ServerConnection,
+    cipher: Option<crate::protect::Cipher>,
+) -> Result<Secrets, tls::TlsError> {
+    let tokens = tls::confirmation_tokens(conn, Side::Server)?;
+    let protection = match cipher {
+        None => None,
+        Some(c) => Some(Protection::from_tls(conn, Side::Server, c)?),
+    };
+    Ok(Secrets { tokens, protection })
+}
+
+/// Refuses a client: counts it, tells it `reason` over TLS and closes.
+async fn reject<S>(counts: &ServerMetrics, chan: &mut Channel<S>, reason: RejectReason) -> Outcome
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    tracing::warn!(%reason, "client rejected");
+    counts.handshake(HandshakeOutcome::Rejected);
+    counts.rejected(metrics::rejection_reason(&reason));
+    // Bounded: a refused client that does not read must not keep its task.
+    let courtesy = Duration::from_secs(2);
+    let _ = tokio::time::timeout(courtesy, chan.send(&Message::Reject { reason })).await;
+    let _ = tokio::time::timeout(courtesy, chan.close()).await;
+    Outcome::Rejected
+}

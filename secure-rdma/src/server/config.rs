@@ -1,0 +1,368 @@
+//! What a server is told: its [`ServerConfig`], the per-peer [`Limits`] and
+//! the payload [`ProtectionPolicy`].
+//!
+//! Settings only, fixed once the server is bound: the live counts a running
+//! server keeps ([`ServerMetrics`](crate::metrics::ServerMetrics)) belong to
+//! the [`Server`](super::Server), not here. Every struct is
+//! `#[non_exhaustive]`, so settings can be added without breaking callers:
+//! start from [`ServerConfig::new`], [`Limits::default`] or
+//! [`ProtectionPolicy::default`] and change what differs.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::handshake::RejectReason;
+use crate::protect::Cipher;
+use crate::quota::Quotas;
+use crate::verbs::Poll;
+
+/// Server settings (what `secure-server`'s flags fill in).
+///
+/// ```
+/// use secure_rdma::server::ServerConfig;
+///
+/// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+///     .with_max_clients(100);
+/// assert_eq!(config.ca, std::path::Path::new("certs/ca.pem"));
+/// assert_eq!(config.max_clients, 100);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Clients served at once; the next one is refused with "server full".
+    pub max_clients: usize,
+    /// RDMA device; default: the one carrying the connection's local address.
+    pub device: Option<String>,
+    /// Source GID index; default: the RoCEv2 GID of the local address.
+    pub gid_index: Option<u32>,
+    /// Per-client buffer size in bytes.
+    pub buffer_size: usize,
+    /// CA certificate that client certificates must chain to.
+    pub ca: PathBuf,
+    /// Server certificate.
+    pub cert: PathBuf,
+    /// Server key.
+    pub key: PathBuf,
+    /// Revoked client certificates (PEM CRL, written by
+    /// [`certs::revoke`](crate::certs::revoke)). Read again whenever the file
+    /// changes, so a revocation applies from the next handshake on; `None`
+    /// or a missing file revokes nothing.
+    pub crl: Option<PathBuf>,
+    /// Limit for TLS + hello + RDMA setup of one client.
+    pub handshake_timeout: Duration,
+    /// A client silent this long is disconnected.
+    pub idle_timeout: Duration,
+    /// Thresholds enforced on every client's RDMA resources before they are
+    /// made; `None` admits everything. Keep a clone to read its counts.
+    pub quotas: Option<Quotas>,
+    /// Payload protection: which ciphers, and whether clients without it
+    /// are served.
+    pub protection: ProtectionPolicy,
+    /// Accept a client whose RDMA GID is not the address its TLS connection
+    /// comes from (NAT, multi-homed hosts). Off by default: a client could
+    /// otherwise point the server's QP at another host.
+    pub allow_gid_mismatch: bool,
+    /// Limits that keep one peer from taking the server down.
+    pub limits: Limits,
+    /// How sessions wait for RDMA completions: event-driven (the default,
+    /// no CPU while idle) or busy polling (the lowest latency, a core per
+    /// busy session: for dedicated hosts and benchmarks).
+    pub poll: Poll,
+}
+
+impl ServerConfig {
+    /// `secure-server`'s defaults: listen on `listen`, the certificates of
+    /// `certs` (`ca.pem`, `server.pem`, `server.key`, `crl.pem` if clients
+    /// were revoked), 10 clients, 4096-byte buffers, 10-second handshakes,
+    /// 5-minute idle timeout, payload protection required, no quotas.
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref());
+    /// assert_eq!((config.max_clients, config.buffer_size), (10, 4096));
+    /// ```
+    pub fn new(listen: SocketAddr, certs: &Path) -> ServerConfig {
+        let server = crate::certs::server_paths(certs);
+        ServerConfig {
+            listen,
+            max_clients: 10,
+            device: None,
+            gid_index: None,
+            buffer_size: 4096,
+            ca: crate::certs::ca_paths(certs).cert,
+            cert: server.cert,
+            key: server.key,
+            crl: Some(crate::certs::crl_path(certs)),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            quotas: None,
+            protection: ProtectionPolicy::default(),
+            allow_gid_mismatch: false,
+            limits: Limits::default(),
+            poll: Poll::default(),
+        }
+    }
+
+    /// Sets [`max_clients`](Self::max_clients).
+    pub fn with_max_clients(mut self, max_clients: usize) -> Self {
+        self.max_clients = max_clients;
+        self
+    }
+
+    /// Sets [`device`](Self::device).
+    pub fn with_device(mut self, device: Option<String>) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// Sets [`gid_index`](Self::gid_index).
+    pub fn with_gid_index(mut self, gid_index: Option<u32>) -> Self {
+        self.gid_index = gid_index;
+        self
+    }
+
+    /// Sets [`buffer_size`](Self::buffer_size).
+    pub fn with_buffer_size(mut self, buffer_size: usize) -> Self {
+        self.buffer_size = buffer_size;
+        self
+    }
+
+    /// Sets [`crl`](Self::crl).
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref()).with_crl(None);
+    /// assert_eq!(config.crl, None);
+    /// ```
+    pub fn with_crl(mut self, crl: Option<PathBuf>) -> Self {
+        self.crl = crl;
+        self
+    }
+
+    /// Sets [`handshake_timeout`](Self::handshake_timeout).
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets [`idle_timeout`](Self::idle_timeout).
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Sets [`quotas`](Self::quotas).
+    pub fn with_quotas(mut self, quotas: Option<Quotas>) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// Sets [`protection`](Self::protection).
+    pub fn with_protection(mut self, protection: ProtectionPolicy) -> Self {
+        self.protection = protection;
+        self
+    }
+
+    /// Sets [`allow_gid_mismatch`](Self::allow_gid_mismatch).
+    pub fn with_allow_gid_mismatch(mut self, allow: bool) -> Self {
+        self.allow_gid_mismatch = allow;
+        self
+    }
+
+    /// Sets [`limits`](Self::limits).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Sets [`poll`](Self::poll).
+    pub fn with_poll(mut self, poll: Poll) -> Self {
+        self.poll = poll;
+        self
+    }
+}
+
+/// What one peer may hold: connections before TLS completes, sessions per
+/// identity, time per write and per session.
+///
+/// ```
+/// use std::time::Duration;
+/// use secure_rdma::server::Limits;
+///
+/// let mut limits = Limits::default();
+/// limits.max_session_lifetime = Some(Duration::from_secs(3600));
+/// assert_eq!(limits.max_pending, 64);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Connections in TLS handshake or admission at once; more are closed at
+    /// accept. Bounds the memory and descriptors idle or slow peers can pin.
+    pub max_pending: usize,
+    /// Of those, from one source address.
+    pub max_pending_per_address: usize,
+    /// Longest wait for one write to a client's TLS socket: a client that
+    /// stops reading is disconnected instead of pinning its task.
+    pub write_timeout: Duration,
+    /// Sessions one identity may hold at once; `None` for no limit.
+    pub max_sessions_per_identity: Option<usize>,
+    /// Sessions older than this are ended (the client may reconnect);
+    /// `None` for no limit.
+    pub max_session_lifetime: Option<Duration>,
+}
+
+impl Default for Limits {
+    /// 64 pending connections, 8 per address, 10-second writes, no
+    /// per-identity or lifetime limit.
+    fn default() -> Self {
+        Limits {
+            max_pending: 64,
+            max_pending_per_address: 8,
+            write_timeout: Duration::from_secs(10),
+            max_sessions_per_identity: None,
+            max_session_lifetime: None,
+        }
+    }
+}
+
+/// The server's payload-protection policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProtectionPolicy {
+    /// Ciphers the server uses, preferred first; empty never protects
+    /// ([`ProtectionPolicy::off`]).
+    pub ciphers: Vec<Cipher>,
+    /// Serve clients that ask for payloads in clear. Off by default: an
+    /// on-path attacker can forge and read such a session's messages.
+    pub allow_unprotected: bool,
+}
+
+impl Default for ProtectionPolicy {
+    /// Both ciphers, fastest on this CPU first; unprotected clients refused.
+    fn default() -> Self {
+        ProtectionPolicy {
+            ciphers: Cipher::preference().to_vec(),
+            allow_unprotected: false,
+        }
+    }
+}
+
+impl ProtectionPolicy {
+    /// Payloads in clear for everyone: to measure the cost, and to show the
+    /// attack it invites.
+    pub fn off() -> Self {
+        ProtectionPolicy {
+            ciphers: Vec::new(),
+            allow_unprotected: true,
+        }
+    }
+
+    /// `ciphers`, preferred first; clients that offer none are served only
+    /// if `allow_unprotected`.
+    ///
+    /// ```
+    /// use secure_rdma::protect::Cipher;
+    /// use secure_rdma::server::ProtectionPolicy;
+    ///
+    /// let strict = ProtectionPolicy::new(vec![Cipher::Aes256Gcm], false);
+    /// assert_eq!(strict.ciphers, [Cipher::Aes256Gcm]);
+    /// ```
+    pub fn new(ciphers: Vec<Cipher>, allow_unprotected: bool) -> Self {
+        ProtectionPolicy {
+            ciphers,
+            allow_unprotected,
+        }
+    }
+
+    /// The cipher for a client that accepts `offered` (its preference
+    /// order), or why the client cannot be served.
+    ///
+    /// ```
+    /// use secure_rdma::protect::Cipher;
+    /// use secure_rdma::server::ProtectionPolicy;
+    ///
+    /// let strict = ProtectionPolicy::new(vec![Cipher::Aes256Gcm], false);
+    /// assert_eq!(strict.choose(&[Cipher::ChaCha20Poly1305, Cipher::Aes256Gcm]), Ok(Some(Cipher::Aes256Gcm)));
+    /// assert!(strict.choose(&[]).is_err());
+    /// assert_eq!(ProtectionPolicy::off().choose(&[Cipher::Aes256Gcm]), Ok(None));
+    /// ```
+    pub fn choose(&self, offered: &[Cipher]) -> Result<Option<Cipher>, RejectReason> {
+        if self.ciphers.is_empty() {
+            return Ok(None);
+        }
+        if offered.is_empty() {
+            return match self.allow_unprotected {
+                true => Ok(None),
+                // The client reads this text (its flag is the likely cause): it is part of the
+                // refusal on the wire, so it stays as clients have always received it.
+                false => Err(RejectReason::Policy {
+                    detail: "this server requires payload protection and the client offered none \
+                             (it runs with --no-payload-protection)"
+                        .to_owned(),
+                }),
+            };
+        }
+        match self.ciphers.iter().find(|c| offered.contains(c)) {
+            Some(c) => Ok(Some(*c)),
+            None => Err(RejectReason::Policy {
+                detail: format!(
+                    "no common payload cipher: the server uses {}, the client offered {}",
+                    names(&self.ciphers),
+                    names(offered)
+                ),
+            }),
+        }
+    }
+}
+
+fn names(ciphers: &[Cipher]) -> String {
+    ciphers
+        .iter()
+        .map(|c| c.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cipher, ProtectionPolicy, RejectReason};
+
+    #[test]
+    fn protection_policy_picks_a_common_cipher_or_says_why_not() {
+        let auto = ProtectionPolicy::default();
+        assert!(!auto.allow_unprotected);
+        // The server's preference wins among what the client accepts.
+        let both = [Cipher::ChaCha20Poly1305, Cipher::Aes256Gcm];
+        assert_eq!(auto.choose(&both), Ok(Some(auto.ciphers[0])));
+        assert_eq!(
+            auto.choose(&[Cipher::ChaCha20Poly1305]),
+            Ok(Some(Cipher::ChaCha20Poly1305))
+        );
+        // A client asking for payloads in clear is refused, with the reason and the fix.
+        match auto.choose(&[]) {
+            Err(RejectReason::Policy { detail }) => {
+                assert!(detail.contains("--no-payload-protection"), "{detail}")
+            }
+            other => panic!("unprotected client admitted: {other:?}"),
+        }
+        let lenient = ProtectionPolicy {
+            allow_unprotected: true,
+            ..ProtectionPolicy::default()
+        };
+        assert_eq!(lenient.choose(&[]), Ok(None));
+        let only_aes = ProtectionPolicy {
+            ciphers: vec![Cipher::Aes256Gcm],
+            allow_unprotected: false,
+        };
+        let err = only_aes.choose(&[Cipher::ChaCha20Poly1305]).unwrap_err();
+        assert!(
+            err.to_string().contains("no common payload cipher"),
+            "{err}"
+        );
+    }
+}

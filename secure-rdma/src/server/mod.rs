@@ -1,0 +1,235 @@
+//! The multi-client secure server: TLS accept, admission, one task and one
+//! set of RDMA resources per client.
+//!
+//! Admission happens before any RDMA resource exists for a client: TLS
+//! (mutual authentication), then the hello (protocol version), then a free
+//! client slot. A refused client gets
+//! the reason over TLS. Each admitted client gets its own PD, CQs, MRs and QP
+//! in its own tokio task; a disconnect, a crash of the client, an idle
+//! timeout or server shutdown drops them all.
+//!
+//! What clients send is logged, or handed to the application's
+//! [`Handler`] ([`Server::with_handler`], module [`handler`]).
+//!
+//! The modules, in the order a client meets them:
+//! - `config`: what the server is told ([`ServerConfig`], [`Limits`],
+//!   [`ProtectionPolicy`]);
+//! - `accept`: the accept loop ([`Server::run`], [`Summary`]) and each
+//!   connection's TLS handshake, with the CRL reloaded by `crl`;
+//! - `admission`: pending limits, per-identity sessions, slots, quotas, and
+//!   the refusals;
+//! - `devices`: the RDMA device and GID for a connection;
+//! - `session_loop`: RDMA setup and the session until it ends;
+//! - [`handler`] and `render`: what the application or the log receives.
+//!
+//! The live counts ([`ServerMetrics`]) belong to the [`Server`], not to its
+//! configuration: [`Server::metrics`] hands them out, [`Server::with_metrics`]
+//! shares counts made beforehand.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use crate::handshake::Channel;
+use crate::metrics::ServerMetrics;
+use crate::verbs::Device;
+
+mod accept;
+mod admission;
+mod config;
+mod crl;
+mod devices;
+mod error;
+pub mod handler;
+mod render;
+mod session_loop;
+
+pub use accept::Summary;
+pub use admission::RDMA_WINDOW;
+pub use config::{Limits, ProtectionPolicy, ServerConfig};
+pub use error::{ConfigError, RdmaSetting, ServerError};
+pub use handler::{handler_fn, Delivery, Handler, HandlerError, HandlerFn, Peer};
+pub use render::{preview, render};
+
+use admission::KeyCounts;
+use devices::Devices;
+use handler::DynHandler;
+
+/// The TLS channel to one client.
+type ServerChannel = Channel<tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// What every client task shares: the settings, the counts, and the server-wide resources
+/// admission hands out.
+struct Shared {
+    config: ServerConfig,
+    /// Sessions, handshakes, refusals, traffic and authentication failures.
+    metrics: ServerMetrics,
+    tls: crl::Acceptor,
+    devices: Devices,
+    slots: Arc<Semaphore>,
+    /// Connections not yet admitted, in all and per source address.
+    pending: Arc<Semaphore>,
+    pending_by_address: KeyCounts<std::net::IpAddr>,
+    /// Live sessions per identity.
+    sessions_by_identity: KeyCounts<String>,
+    /// This process's cgroup v2 id (0 if unknown), for quota registrations.
+    cgroup_id: u64,
+    /// Where arrivals go; `None` logs them.
+    handler: Option<Box<dyn DynHandler>>,
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    listener: TcpListener,
+    /// Shared with the client tasks once [`Server::run`] starts them.
+    shared: Shared,
+}
+
+impl Server {
+    /// Loads the TLS material, opens the configured device (if any) and
+    /// binds the listening socket.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use secure_rdma::server::{Server, ServerConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// // The certificates of certs/ (ca.pem, server.pem, server.key, crl.pem); the device
+    /// // carrying each connection's local address; AEAD on every payload, unprotected
+    /// // clients refused; event-driven completions.
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse()?, "certs".as_ref())
+    ///     .with_max_clients(10)
+    ///     .with_buffer_size(4096)
+    ///     .with_idle_timeout(Duration::from_secs(300));
+    /// let server = Server::bind(config).await?;
+    /// println!("listening on {}", server.local_addr()?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn bind(config: ServerConfig) -> Result<Server, ServerError> {
+        if config.max_clients == 0 {
+            return Err(ServerError::Config(ConfigError::MaxClients));
+        }
+        if !(64..=1 << 30).contains(&config.buffer_size) {
+            return Err(ServerError::Config(ConfigError::BufferSize {
+                size: config.buffer_size,
+            }));
+        }
+        let tls = crl::Acceptor::new(&config)?;
+        // Checked once at start: a host without RDMA still serves (each client is told why it
+        // cannot be served, with the fix), and the operator reads the fix now, not in the first
+        // client's failure. A device named in the configuration is opened now, so without RDMA
+        // that is an error naming the same fix.
+        let availability = Device::availability();
+        let no_rdma = |setting: RdmaSetting| ServerError::NoRdma {
+            setting,
+            availability: availability.clone(),
+        };
+        let fixed = match &config.device {
+            Some(name) if !availability.is_available() => {
+                return Err(no_rdma(RdmaSetting::Device(name.clone())))
+            }
+            None if config.gid_index.is_some() && !availability.is_available() => {
+                return Err(no_rdma(RdmaSetting::GidIndex))
+            }
+            Some(name) => Some(Device::open(Some(name))?),
+            None if config.gid_index.is_some() => Some(Device::open(None)?),
+            None => None,
+        };
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServerError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
+        if config.limits.max_pending == 0 || config.limits.max_pending_per_address == 0 {
+            return Err(ServerError::Config(ConfigError::MaxPending));
+        }
+        if config.limits.max_sessions_per_identity == Some(0) {
+            return Err(ServerError::Config(ConfigError::MaxSessionsPerIdentity));
+        }
+        if !availability.is_available() {
+            tracing::warn!(
+                listen = %config.listen,
+                "cannot serve RDMA: {availability}; clients are refused with this reason until a device exists"
+            );
+        }
+        let shared = Shared {
+            slots: Arc::new(Semaphore::new(config.max_clients)),
+            pending: Arc::new(Semaphore::new(config.limits.max_pending)),
+            pending_by_address: KeyCounts::default(),
+            sessions_by_identity: KeyCounts::default(),
+            cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
+            devices: Devices::new(fixed, config.gid_index),
+            tls,
+            metrics: ServerMetrics::default(),
+            config,
+            handler: None,
+        };
+        Ok(Server { listener, shared })
+    }
+
+    /// Hands what clients send to `handler` instead of logging it: each
+    /// SEND and WRITE, authenticated and decrypted, as a [`Delivery`] naming
+    /// its client. A client's acknowledgement waits until the handler has
+    /// taken the delivery, so a slow application slows its clients down
+    /// instead of queueing without bound (see [`handler`]).
+    ///
+    /// ```no_run
+    /// use secure_rdma::server::{Server, ServerConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let server = Server::bind(ServerConfig::new("0.0.0.0:4433".parse()?, "certs".as_ref())).await?;
+    /// // At most 64 deliveries wait for the loop below; then the sessions wait.
+    /// let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    /// let serving = tokio::spawn(server.with_handler(tx).run(async {
+    ///     let _ = tokio::signal::ctrl_c().await;
+    /// }));
+    /// // Ends when the server has stopped (it held the only sender).
+    /// while let Some(d) = rx.recv().await {
+    ///     println!("{}: {}", d.identity(), String::from_utf8_lossy(d.data()));
+    /// }
+    /// serving.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_handler(mut self, handler: impl Handler) -> Server {
+        self.shared.handler = Some(Box::new(handler));
+        self
+    }
+
+    /// Counts into `metrics` instead of the server's own fresh set: for
+    /// counts an exporter or a telemetry task was given before the server
+    /// was bound. Clones of a [`ServerMetrics`] share their counts.
+    ///
+    /// ```no_run
+    /// use secure_rdma::metrics::ServerMetrics;
+    /// use secure_rdma::server::{Server, ServerConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let metrics = ServerMetrics::default();
+    /// let exported = metrics.clone(); // registered with an exporter
+    /// let server = Server::bind(ServerConfig::new("0.0.0.0:4433".parse()?, "certs".as_ref()))
+    ///     .await?
+    ///     .with_metrics(metrics);
+    /// # let _ = (server, exported);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_metrics(mut self, metrics: ServerMetrics) -> Server {
+        self.shared.metrics = metrics;
+        self
+    }
+
+    /// The server's counts: sessions, handshakes, refusals, traffic per
+    /// tenant, authentication failures and RDMA step durations. Keep a
+    /// clone to register them with an exporter or read them while it runs.
+    pub fn metrics(&self) -> &ServerMetrics {
+        &self.shared.metrics
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}

@@ -1,0 +1,260 @@
+//! One admitted client's session, steps 3–6 of the
+//! [handshake](crate::handshake) and after: RDMA setup and confirmation,
+//! then what the client sends, acknowledged, until it leaves, goes idle,
+//! outlives its lifetime or the server stops.
+//!
+//! Every wait on the client is bounded ([`send_within`]) and loses to
+//! shutdown, so a peer that stops reading cannot keep its task. Arrivals go
+//! to the application's [`Handler`](super::Handler), or to the log
+//! ([`log_arrival`], rate-limited) when there is none.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::accept::Outcome;
+use super::admission::Admitted;
+use super::handler::{Delivery, Peer};
+use super::render::{preview, render};
+use super::{ServerChannel, Shared};
+use crate::datapath::{AbortReason, Ack, ClientRequest, Op};
+use crate::handshake::{HandshakeError, Message};
+use crate::metrics::{HandshakeOutcome, TimedVerb};
+use crate::ratelimit::LogLimiter;
+use crate::session::{Session, SessionError};
+
+/// Steps 3–6: RDMA setup and confirmation, then the client's operations
+/// until it leaves, goes idle or the server stops; then everything the
+/// client held is freed, RDMA resources first.
+pub(super) async fn serve_session(
+    admitted: Admitted,
+    peer: SocketAddr,
+    shared: &Shared,
+    mut stop: watch::Receiver<bool>,
+    accepted: Instant,
+) -> Outcome {
+    let cfg = &shared.config;
+    let metrics = &shared.metrics;
+    let Admitted {
+        mut chan,
+        identity,
+        device,
+        sgid,
+        secrets,
+        session_cfg,
+        rdma_acks,
+        held,
+    } = admitted;
+    // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
+    // stopped reading.
+    let courtesy = cfg.limits.write_timeout.min(Duration::from_secs(2));
+    let setup = Session::establish(&mut chan, &device, sgid, secrets, session_cfg);
+    let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "RDMA setup failed; resources freed");
+            metrics.handshake(HandshakeOutcome::Failed);
+            // The client waits for our endpoint or confirmation: tell it why none comes,
+            // rather than close the connection on it (bounded: it may have gone).
+            let abort = Message::Abort {
+                reason: AbortReason::RdmaSetup {
+                    detail: e.to_string(),
+                },
+            };
+            let _ = send_within(&mut chan, &abort, courtesy).await;
+            return Outcome::Failed;
+        }
+        Err(_) => {
+            tracing::warn!("RDMA setup timed out; resources freed");
+            metrics.handshake(HandshakeOutcome::TimedOut);
+            return Outcome::Failed;
+        }
+    };
+    let timing = session.timing();
+    metrics.verb(device.name(), TimedVerb::QpSetup, timing.setup);
+    metrics.verb(device.name(), TimedVerb::QpConfirm, timing.confirmation);
+    metrics.established(accepted.elapsed());
+    // Counted until the session's resources are freed, below.
+    let active = metrics.session_started(device.name());
+    let traffic = metrics.session(&identity, device.name());
+    let w = *session.wiring();
+    // QPNs, rkeys and addresses help an attacker aim (ReDMArk): debug only.
+    tracing::debug!(
+        client = %identity,
+        qpn = %w.local.qpn,
+        peer_qpn = %w.remote.qpn,
+        rkey = w.local.buffer.map(|b| b.rkey),
+        "RDMA wiring"
+    );
+    tracing::info!(
+        client = %identity,
+        device = device.name(),
+        gid = %w.local.gid,
+        peer_gid = %w.remote.gid,
+        cipher = session.cipher().map_or("none", |c| c.name()),
+        active = cfg.max_clients - shared.slots.available_permits(),
+        max = cfg.max_clients,
+        "client connected"
+    );
+
+    session.set_poll(cfg.poll);
+    let limits = cfg.limits;
+    let lifetime = tokio::time::sleep(limits.max_session_lifetime.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(lifetime);
+    // At info, a bounded preview of what arrived, at most 20 lines at once and 10 a second per
+    // client: one client cannot flood the log (the full content is at debug).
+    let mut content_log = LogLimiter::new(20, Duration::from_millis(100));
+    let peer = Arc::new(Peer {
+        identity: identity.clone(),
+        address: peer,
+    });
+    let mut seq = 0u64;
+    let reason = loop {
+        tokio::select! {
+            request = chan.expect_client_request() => match request {
+                Ok(ClientRequest::Bye) => {
+                    let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                    break "client quit".to_owned();
+                }
+                Err(e @ HandshakeError::Unexpected { .. }) => break e.to_string(),
+                Err(e) => break format!("disconnected: {e}"),
+            },
+            arrival = session.arrival() => {
+                let arrival = match arrival {
+                    Ok(a) => a,
+                    Err(SessionError::Auth(e)) => {
+                        // Nothing of the message was delivered. The QP consumed a PSN the
+                        // client never sent, so its next message would be dropped as a
+                        // duplicate: end the session and tell the client why.
+                        metrics.auth_failure(&identity);
+                        tracing::warn!(
+                            client = %identity,
+                            detail = %e,
+                            failures = metrics.auth_failures_total(),
+                            "RDMA message failed authentication (forged, replayed or corrupted); tearing the session down"
+                        );
+                        let abort = Message::Abort { reason: AbortReason::AuthenticationFailed };
+                        let _ = send_within(&mut chan, &abort, courtesy).await;
+                        break "RDMA message failed authentication".to_owned();
+                    }
+                    Err(e) => break format!("RDMA error: {e}"),
+                };
+                seq += 1;
+                let op = arrival.op();
+                traffic.received(op, arrival.data().len());
+                let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);
+                match &shared.handler {
+                    None => log_arrival(&identity, op, seq, arrival.data(), &mut content_log),
+                    Some(handler) => {
+                        // The content is the application's now: only its size is logged.
+                        tracing::debug!(client = %identity, seq, bytes, %op, "handing the arrival to the application");
+                        let delivery = Delivery::new(Arc::clone(&peer), seq, arrival);
+                        // Acknowledged only once the application has it (a full channel holds
+                        // the client back here); shutdown still wins over a handler that waits.
+                        let handled = tokio::select! {
+                            handled = handler.handle_boxed(delivery) => handled,
+                            _ = stop.changed() => {
+                                let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                                break "server shutdown".to_owned();
+                            }
+                        };
+                        if let Err(e) = handled {
+                            tracing::warn!(client = %identity, seq, error = %e, "the application did not take an arrival; ending the session unacknowledged");
+                            let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                            break format!("{e}");
+                        }
+                    }
+                }
+                if rdma_acks {
+                    // The streaming data path: the acknowledgement is the client's credit back,
+                    // SENT over RDMA (sealed like a payload). Posted without waiting: the send
+                    // slots bound what is in flight.
+                    let record = Ack { op, seq, bytes }.encode();
+                    let posting = Instant::now();
+                    if let Err(e) = session.post(Op::Send, &record).await {
+                        break format!("RDMA error: {e}");
+                    }
+                    traffic.post_send(posting.elapsed());
+                    continue;
+                }
+                let ack = Message::Ack { op, seq, bytes };
+                // Bounded, and shutdown wins even while a client that stopped reading blocks
+                // the write.
+                let sent = tokio::select! {
+                    sent = send_within(&mut chan, &ack, limits.write_timeout) => sent,
+                    _ = stop.changed() => Err("server shutdown".to_owned()),
+                };
+                if let Err(reason) = sent {
+                    break reason;
+                }
+            }
+            _ = stop.changed() => {
+                let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                break "server shutdown".to_owned();
+            }
+            _ = tokio::time::sleep(cfg.idle_timeout) => {
+                let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                break format!("idle for {:?}", cfg.idle_timeout);
+            }
+            _ = &mut lifetime, if limits.max_session_lifetime.is_some() => {
+                let max = limits.max_session_lifetime.unwrap_or_default();
+                let abort = Message::Abort { reason: AbortReason::Lifetime { seconds: max.as_secs() } };
+                let _ = send_within(&mut chan, &abort, courtesy).await;
+                break format!("session lifetime {max:?} reached");
+            }
+        }
+    };
+    drop(session);
+    drop(active);
+    drop(held);
+    let _ = tokio::time::timeout(courtesy, chan.close()).await;
+    tracing::info!(
+        client = %identity,
+        %reason,
+        operations = seq,
+        unlogged = content_log.suppressed(),
+        "client gone; its PD, CQs, MRs and QP are freed"
+    );
+    Outcome::Served
+}
+
+/// Writes one message to a client, or says why it could not within `limit`.
+async fn send_within(
+    chan: &mut ServerChannel,
+    msg: &Message,
+    limit: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(limit, chan.send(msg)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("disconnected: {e}")),
+        Err(_) => Err(format!(
+            "the client did not read its TLS socket for {limit:?}; disconnected"
+        )),
+    }
+}
+
+/// Bytes of received content shown at info level.
+const PREVIEW_BYTES: usize = 64;
+
+/// Logs one arrival when no handler takes it: the full content at debug, a
+/// bounded preview at info while `limit` allows.
+fn log_arrival(identity: &str, op: Op, seq: u64, data: &[u8], limit: &mut LogLimiter) {
+    let what = match op {
+        Op::Send => "SEND received",
+        Op::Write => "WRITE landed",
+    };
+    tracing::debug!(client = %identity, seq, bytes = data.len(), content = %render(data), "{what} (full content)");
+    if let Some(suppressed) = limit.check() {
+        let content = preview(data, PREVIEW_BYTES);
+        match op {
+            Op::Send => {
+                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, "SEND received")
+            }
+            Op::Write => {
+                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, "WRITE landed")
+            }
+        }
+    }
+}
