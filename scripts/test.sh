@@ -98,6 +98,15 @@ for crate in roce rdma-quota; do
     fi
     echo "$crate: no aya, tokio, rustls, ring, sideway or criterion in its normal dependencies"
 done
+# rdma-monitor without its default features is the reports and the hardware counters alone, what
+# secure-server's --metrics takes: no packet capture, collector or command line.
+heavy=$(cargo tree -p rdma-monitor --no-default-features -e normal --locked --prefix none |
+    awk '{print $1}' | grep -xE 'roce|pcap-file|pcap-parser|rdma-collector|clap|aya' | sort -u || true)
+if [ -n "$heavy" ]; then
+    echo "test.sh: rdma-monitor --no-default-features must not depend on: $heavy" >&2
+    exit 1
+fi
+echo "rdma-monitor --no-default-features: no roce, pcap crates, rdma-collector, clap or aya"
 # rust-version must be one the locked dependencies accept (cargo would not check it for us).
 python3 - <<'PY'
 import json, subprocess, sys
@@ -125,7 +134,10 @@ count() {
 
 stage "host tests"
 host_rc=0
-cargo test --workspace --locked 2>&1 | tee "$LOGDIR/host.log" || host_rc=$?
+{ cargo test --workspace --locked &&
+    # secure-server without eBPF: --telemetry and --metrics report its own counts.
+    cargo test -p secure-rdma-server --no-default-features --locked; } 2>&1 |
+    tee "$LOGDIR/host.log" || host_rc=$?
 read -r HOST_PASS HOST_FAIL HOST_IGN < <(count "$LOGDIR/host.log")
 if [ "$host_rc" != 0 ] && [ "$HOST_FAIL" = 0 ]; then HOST_FAIL=1; fi
 
