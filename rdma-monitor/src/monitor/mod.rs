@@ -1,5 +1,5 @@
-//! RDMA control-path monitor: loads telemetry-ebpf's `bpf/monitor.bpf.c` with aya, attaches its probes, and
-//! reads the kernel-side counters and per-call events.
+//! RDMA control-path monitor: loads telemetry-ebpf's `bpf/monitor.bpf.c` with aya, attaches its
+//! probes, and reads the kernel-side counters and per-call events.
 //!
 //! The kernel programs count the verbs user space makes through `ib_uverbs` (QP/PD/CQ/MR
 //! create and destroy, QP modify, GID queries) plus `rdma_cma:cm_send_req`, with results and
