@@ -32,7 +32,7 @@ done
 
 cd "$ROOT"
 echo "bench-telemetry.sh: building (release)" >&2
-cargo build --release --locked -q -p secure-rdma-tests --bin verbs-bench -p telemetry-ebpf --bin rdma-monitor
+cargo build --release --locked -q -p secure-rdma-tests --bin verbs-bench -p rdma-monitor --bin rdma-monitor
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 RESULTS=$(mktemp -d "$ROOT/target/bench.XXXXXX")
 trap 'rm -rf "$RESULTS"' EXIT

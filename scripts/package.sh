@@ -42,7 +42,7 @@ if [ "$FROM_DEV" = 1 ]; then
     BUILT=$ROOT/target/debug
 else
     cargo build --release --locked -p secure-rdma-server -p secure-rdma-client \
-        -p telemetry-ebpf -p rdma-collector -p rdma-intercept --bins --lib
+        -p rdma-monitor -p rdma-capture -p rdma-collector -p rdma-intercept --bins --lib
     BUILT=$ROOT/target/release
 fi
 for f in "${BINS[@]}" "$LIB"; do

@@ -1,7 +1,7 @@
 //! Following a QP through a synthetic RC conversation, and the capture summary.
 //!
 //! How `rdma-capture` shows what the follower decides (held packets, file order) is tested in
-//! telemetry-ebpf's `tests/follow_capture.rs`.
+//! rdma-capture's `tests/follow_capture.rs`.
 
 mod common;
 

@@ -18,31 +18,7 @@ use secure_rdma::verbs::Poll;
 use serde::Deserialize;
 
 mod hints;
-
-#[cfg(feature = "telemetry")]
 mod telemetry;
-
-/// Built without eBPF (`--no-default-features`): the server has no aya, and the flags that
-/// need it say how to get it rather than silently doing nothing.
-#[cfg(not(feature = "telemetry"))]
-mod telemetry {
-    use std::net::SocketAddr;
-    use std::time::Duration;
-
-    use secure_rdma::quota::Quotas;
-
-    pub async fn start(
-        _: Quotas,
-        _: Duration,
-        _: Option<SocketAddr>,
-        _: secure_rdma::metrics::ServerMetrics,
-    ) -> anyhow::Result<()> {
-        anyhow::bail!(
-            "--telemetry and --metrics need the `telemetry` feature, which this secure-server \
-             was built without (rebuild: cargo build -p secure-rdma-server --features telemetry)"
-        )
-    }
-}
 
 /// Multi-client secure RDMA server.
 ///

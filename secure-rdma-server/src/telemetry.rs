@@ -1,15 +1,16 @@
 //! `--telemetry`: eBPF control-path telemetry inside the server, or the
-//! server's own counts when eBPF is not available. Wiring only.
+//! server's own counts when eBPF is not available (on the host, or in a build
+//! without the `telemetry` feature). Wiring only.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
+use rdma_monitor::monitor::KernelCounters;
+use rdma_monitor::report::{self, BuildInfo, Sampler, Snapshot};
 use secure_rdma::metrics::ServerMetrics;
 use secure_rdma::quota::Quotas;
-use telemetry_ebpf::monitor::{Monitor, MonitorOptions};
-use telemetry_ebpf::report::{self, BuildInfo, Sampler, Snapshot};
 use tokio::sync::watch;
 
 /// The `secure_server_build_info` metric.
@@ -27,24 +28,7 @@ pub async fn start(
     metrics: Option<SocketAddr>,
     server_metrics: ServerMetrics,
 ) -> Result<()> {
-    let options = MonitorOptions {
-        events: false,
-        ..MonitorOptions::default()
-    };
-    let monitor = match tokio::task::spawn_blocking(move || Monitor::start(options)).await? {
-        Ok(m) => {
-            let attached = m.attach_report().iter().filter(|a| a.attached).count();
-            tracing::info!(
-                attached,
-                "telemetry: eBPF probes attached (system-wide counts)"
-            );
-            Some(m)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "telemetry: eBPF unavailable; falling back to the server's own counts");
-            None
-        }
-    };
+    let monitor = probes().await?;
     let auth_failures = server_metrics.clone();
     let tx = match metrics {
         Some(addr) => {
@@ -72,13 +56,7 @@ pub async fn start(
         let mut ticker = tokio::time::interval(every);
         loop {
             ticker.tick().await;
-            let kernel = match monitor.as_ref().map(Monitor::counters).transpose() {
-                Ok(k) => k,
-                Err(e) => {
-                    tracing::warn!(error = %e, "telemetry: cannot read the BPF maps");
-                    None
-                }
-            };
+            let kernel = monitor.as_ref().and_then(counters);
             let snapshot = sampler.sample(
                 Instant::now(),
                 SystemTime::now(),
@@ -102,4 +80,66 @@ pub async fn start(
         }
     });
     Ok(())
+}
+
+/// The eBPF probes, when they load on this host; `None`, after a warning, when they do not.
+#[cfg(feature = "telemetry")]
+async fn probes() -> Result<Option<Probes>> {
+    use rdma_monitor::monitor::{Monitor, MonitorOptions};
+
+    let options = MonitorOptions {
+        events: false,
+        ..MonitorOptions::default()
+    };
+    Ok(
+        match tokio::task::spawn_blocking(move || Monitor::start(options)).await? {
+            Ok(m) => {
+                let attached = m.attach_report().iter().filter(|a| a.attached).count();
+                tracing::info!(
+                    attached,
+                    "telemetry: eBPF probes attached (system-wide counts)"
+                );
+                Some(m)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "telemetry: eBPF unavailable; falling back to the server's own counts");
+                None
+            }
+        },
+    )
+}
+
+/// This build has no eBPF: the reports are the server's own counts, and the log says why.
+#[cfg(not(feature = "telemetry"))]
+async fn probes() -> Result<Option<Probes>> {
+    tracing::warn!(
+        error = "this secure-server was built without the `telemetry` feature (rebuild: cargo build -p secure-rdma-server --features telemetry)",
+        "telemetry: eBPF unavailable; falling back to the server's own counts"
+    );
+    Ok(None)
+}
+
+/// The running probes.
+#[cfg(feature = "telemetry")]
+type Probes = rdma_monitor::monitor::Monitor;
+
+/// No probes can run in a build without eBPF: a value of this type never exists.
+#[cfg(not(feature = "telemetry"))]
+enum Probes {}
+
+/// What the probes counted, or `None` (after a warning) when their maps cannot be read.
+#[cfg(feature = "telemetry")]
+fn counters(monitor: &Probes) -> Option<KernelCounters> {
+    match monitor.counters() {
+        Ok(k) => Some(k),
+        Err(e) => {
+            tracing::warn!(error = %e, "telemetry: cannot read the BPF maps");
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "telemetry"))]
+fn counters(monitor: &Probes) -> Option<KernelCounters> {
+    match *monitor {}
 }

@@ -6,26 +6,23 @@
 //! `promtool` comes with Debian's `prometheus` package. Without it these tests
 //! say so and pass on a developer's machine, but fail under `CI=true`.
 
-// The exporters' metrics come with the eBPF telemetry (the default feature).
-#![cfg(feature = "telemetry")]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, UNIX_EPOCH};
 
+use rdma_monitor::hw_counters::{SkipReason, Skipped};
+use rdma_monitor::report::{
+    render_exposition, to_text_format, AttachReport, BuildInfo, CgroupStats, CountSource,
+    Interception, PortCounter, Snapshot,
+};
 use secure_rdma::datapath::Op;
 use secure_rdma::handshake::RejectReason;
 use secure_rdma::metrics::{
     rejection_reason, HandshakeOutcome, ServerMetrics, TimedVerb, PENDING_LIMIT,
 };
 use secure_rdma::quota::{QuotaConfig, Resource, Verb};
-use telemetry_ebpf::hw_counters::{SkipReason, Skipped};
-use telemetry_ebpf::report::{
-    render_exposition, to_text_format, AttachReport, BuildInfo, CgroupStats, CountSource,
-    Interception, PortCounter, Snapshot,
-};
 
 /// One interval with something in every section.
 fn sample_snapshot(source: CountSource) -> Snapshot {

@@ -1,22 +1,30 @@
-//! Telemetry for secure-rdma: RoCEv2 capture and control-path monitoring with eBPF.
+//! The kernel side of secure-rdma's telemetry and its contract with user space.
 //!
-//! Kernel-side programs are C (`bpf/*.bpf.c`, CO-RE), built by `build.rs` and loaded with aya;
-//! everything else is user space. In reading order:
-//! - [`abi`]: the contract with the kernel programs (constants, record layouts), written once;
-//! - [`capture`]: `rdma-capture`'s XDP/TC/rxe-probe capture, filters and output (decoding,
-//!   pcap files and QP following are the `roce` crate's);
-//! - [`monitor`]: `rdma-monitor`'s control-path probes and their counters and events;
-//! - [`hw_counters`]: the RDMA ports' hardware counters from sysfs (no eBPF), which show
-//!   packet injection and PSN guessing;
-//! - [`report`]: per-interval snapshots rendered as text, JSON and Prometheus metrics.
+//! Kernel-side programs are C (`bpf/*.bpf.c`, CO-RE), built by `build.rs`; this crate embeds
+//! them and holds what every tool that loads them shares. In reading order:
+//! - [`abi`]: the contract with the kernel programs (constants, record layouts), written once
+//!   and checked against the objects' BTF;
+//! - [`objects`]: the compiled programs;
+//! - [`host`]: whether the running kernel and process can load them;
+//! - [`btf`]: the BTF to relocate against (vmlinux plus a module's split BTF);
+//! - [`loader`]: finding and loading programs in an aya object;
+//! - [`ring`]: waiting on a ring buffer.
 //!
-//! Quota types, tenants, cgroup helpers and the admission collector are their own crates
-//! (`rdma-quota`, `rdma-collector`); `rdma-monitor --collector` runs the collector in-process.
+//! The tools are their own crates: `rdma-monitor` (control-path probes, reports) and
+//! `rdma-capture` (RoCEv2 packet capture).
+//!
+//! ```
+//! use telemetry_ebpf::{abi, objects};
+//!
+//! assert_eq!(abi::CAPTURE_HEADER_LEN, 24);
+//! if objects::MONITOR.is_empty() {
+//!     println!("built without clang: the monitor's programs are missing");
+//! }
+//! ```
 
 pub mod abi;
-pub mod capture;
-pub mod hw_counters;
-pub mod monitor;
-pub mod report;
-/// One ring-buffer wait shared by capture and monitor.
-mod ring;
+pub mod btf;
+pub mod host;
+pub mod loader;
+pub mod objects;
+pub mod ring;

@@ -6,7 +6,7 @@ use std::time::Duration;
 /// Blocks until `fd` (a ring buffer map) is readable, `timeout` passes, or a
 /// signal arrives; which one does not matter, since callers drain the ring
 /// afterwards either way.
-pub(crate) fn wait_readable(fd: RawFd, timeout: Duration) {
+pub fn wait_readable(fd: RawFd, timeout: Duration) {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,

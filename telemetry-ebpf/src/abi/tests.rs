@@ -6,8 +6,7 @@
 
 use super::*;
 
-static MONITOR_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/monitor.bpf.o"));
-static CAPTURE_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+use crate::objects::{CAPTURE as CAPTURE_OBJECT, MONITOR as MONITOR_OBJECT};
 
 /// A struct as BTF describes it: its size and each member's name and byte offset.
 #[derive(Debug, PartialEq, Eq)]

@@ -1,0 +1,302 @@
+//! `rdma-monitor`: eBPF telemetry of the RDMA control path, with enforced
+//! thresholds. Argument parsing and wiring only; the work is in the
+//! `rdma_monitor` library (`monitor`, `report`, `hw_counters`), `rdma_collector`
+//! and `rdma_quota`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
+use rdma_cli::logging::{self, LogFormat};
+use rdma_collector::Collector;
+use rdma_monitor::hw_counters::{self, PortCounterReader};
+use rdma_monitor::monitor::{Monitor, MonitorOptions};
+use rdma_monitor::report::{self, AttachReport, Sampler, Snapshot, TextOptions};
+use rdma_quota::tenant::TenantBy;
+use rdma_quota::wire::DEFAULT_SOCKET;
+use rdma_quota::{LimitSetting, QuotaConfig, Quotas};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+/// Watch every process's RDMA control path (QP/PD/CQ/MR create, modify and
+/// destroy, GID queries, RDMA CM connection requests) with eBPF: system-wide
+/// live resources, calls per verb and per cgroup, calls per second.
+///
+/// Prints a timestamped report every interval (text, or one JSON object per
+/// line with --json) and serves Prometheus metrics with --metrics. Reports also
+/// carry every RDMA port's hardware counters from sysfs (totals and growth per
+/// interval; out-of-sequence and duplicate requests are how packet injection
+/// and PSN guessing show), with or without eBPF. Thresholds
+/// come from --quota FILE ("QP_COUNT 1000", "MR_REG 200", "tenant alice QP_COUNT 4";
+/// 0 disables; '#' comments) and --limit. They are enforced on programs run
+/// with LD_PRELOAD=librdma_intercept.so through the collector socket
+/// (--collector); refusals are marked INTERCEPTED. Use the kernel's rdma
+/// cgroup (rdma.max) for limits no program can get around.
+///
+/// Needs root (or CAP_BPF and CAP_PERFMON), a kernel with BPF, BTF and
+/// kprobes. Ctrl-C stops it with a final summary.
+#[derive(Parser, Debug)]
+#[command(version, name = "rdma-monitor", after_help = EXIT_CODES)]
+struct Args {
+    /// Seconds between reports.
+    // No short letter: -i is rdma-capture's interface, and one letter means one thing across
+    // the project's tools.
+    #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
+    interval: Duration,
+    /// Quota file (the same format and flag name as rdma-collector's and secure-server's).
+    #[arg(long, value_name = "FILE")]
+    quota: Option<PathBuf>,
+    /// One threshold, KEY=VALUE or tenant:NAME:KEY=VALUE; repeatable; wins over --quota.
+    #[arg(long = "limit", value_name = "KEY=VALUE")]
+    limits: Vec<LimitSetting>,
+    /// One JSON object per interval instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
+    /// Run the admission collector for LD_PRELOAD=librdma_intercept.so on this socket.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = DEFAULT_SOCKET)]
+    collector: Option<PathBuf>,
+    /// What a collector tenant is: the program's user name or its whole cgroup v2 path.
+    #[arg(long, value_name = "KIND", default_value_t = TenantBy::User,
+          value_parser = PossibleValuesParser::new(["user", "cgroup"]).map(tenant_by))]
+    tenant_by: TenantBy,
+    /// Also print every call as it happens (pid, comm, cgroup, verb, device, result, latency).
+    #[arg(long)]
+    events: bool,
+    /// Stop after this many reports.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// Run without eBPF (collector, thresholds and port hardware counters only), e.g. without root.
+    #[arg(long, conflicts_with = "events")]
+    no_ebpf: bool,
+    /// List every port hardware counter in text reports, not only those that changed.
+    #[arg(long)]
+    all_hw_counters: bool,
+    /// Read port hardware counters below DIR (laid out like /sys/class/infiniband).
+    #[arg(long, value_name = "DIR", default_value = hw_counters::SYSFS_ROOT)]
+    hw_counters_root: PathBuf,
+    /// Log format on stderr (RUST_LOG sets the level, default info).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
+    log_format: LogFormat,
+}
+
+/// The `rdma_monitor_build_info` metric.
+const BUILD: report::BuildInfo = report::BuildInfo {
+    exporter: "rdma_monitor",
+    version: env!("CARGO_PKG_VERSION"),
+};
+
+/// What `rdma-monitor --help` says about how it exits.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  stopped by Ctrl-C/SIGTERM or after --count reports, with the final summary printed
+  1  any failure, the reason on stderr as `rdma-monitor: error: ...` (eBPF cannot load or attach:
+     run as root or with CAP_BPF and CAP_PERFMON, or use --no-ebpf; a threshold file that does
+     not parse; --metrics or --collector address in use; stopped before the first --count report)
+  2  usage: an unknown flag or a bad value (clap's error)";
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.05..=86_400.0).contains(&secs) {
+        return Err(format!("{s} is out of range (0.05 to 86400 seconds)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `--tenant-by`: the parser lets only the listed values through (and lists them in --help,
+/// which a fallible conversion would hide).
+fn tenant_by(kind: String) -> TenantBy {
+    match kind.as_str() {
+        "cgroup" => TenantBy::Cgroup,
+        _ => TenantBy::User,
+    }
+}
+
+fn main() {
+    // The hidden `--generate-docs DIR`: man pages and completions for the package.
+    rdma_cli::docs::generate_if_asked(<Args as clap::CommandFactory>::command);
+    let args = Args::parse();
+    logging::init(args.log_format, "info");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let result = runtime
+        .context("starting the async runtime")
+        .and_then(|rt| rt.block_on(run(args)));
+    if let Err(e) = result {
+        eprintln!("rdma-monitor: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let mut config = match &args.quota {
+        Some(path) => QuotaConfig::load(path)?,
+        None => QuotaConfig::default(),
+    };
+    for setting in &args.limits {
+        config.apply(setting);
+    }
+    let quotas = Quotas::new(config.clone());
+
+    let mut monitor = if args.no_ebpf {
+        None
+    } else {
+        let options = MonitorOptions {
+            events: args.events,
+            ..MonitorOptions::default()
+        };
+        Some(Monitor::start(options)?)
+    };
+    let attach: Vec<AttachReport> = monitor
+        .as_ref()
+        .map(|m| m.attach_report().to_vec())
+        .unwrap_or_default();
+    if let Some(m) = &monitor {
+        let attached = attach.iter().filter(|a| a.attached).count();
+        eprintln!(
+            "rdma-monitor: {attached} of {} hooks attached",
+            attach.len()
+        );
+        for a in attach.iter().filter(|a| !a.attached) {
+            let why = a.reason.as_deref().unwrap_or("unknown reason");
+            eprintln!("rdma-monitor: not attached: {} ({}): {why}", a.hook, a.kind);
+        }
+        for verb in m.uncovered_verbs() {
+            eprintln!("rdma-monitor: warning: no hook observes {verb} on this kernel");
+        }
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    if let Some(path) = &args.collector {
+        let collector = Collector::bind(path, quotas.clone(), args.tenant_by)?;
+        eprintln!("rdma-monitor: collector listening on {}", path.display());
+        let mut stop = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = collector
+                .run(async move { while stop.changed().await.is_ok() && !*stop.borrow() {} })
+                .await
+            {
+                tracing::error!(error = %e, "collector stopped");
+            }
+        }));
+    }
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for --metrics"))?;
+            // Until the first interval ends, a scrape finds the build info alone.
+            let (tx, rx) = watch::channel(report::render_exposition(None, &BUILD, |_| {}));
+            eprintln!(
+                "rdma-monitor: metrics at http://{}/metrics",
+                listener.local_addr()?
+            );
+            tasks.push(tokio::spawn(report::serve_metrics(listener, rx)));
+            Some(tx)
+        }
+        None => None,
+    };
+
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sampler = Sampler::new(Some(config))
+        .with_hw_counters(Some(PortCounterReader::at(&args.hw_counters_root)));
+    let text = TextOptions {
+        all_hw_counters: args.all_hw_counters,
+    };
+    let started = Instant::now();
+    // The first sample is the baseline of the first interval's rates.
+    let mut take = |monitor: &Option<Monitor>| -> Result<Snapshot> {
+        let kernel = monitor.as_ref().map(Monitor::counters).transpose()?;
+        Ok(sampler.sample(
+            Instant::now(),
+            SystemTime::now(),
+            kernel.as_ref(),
+            Some(&quotas.snapshot()),
+            &attach,
+        ))
+    };
+    take(&monitor)?;
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
+    let mut reports = 0u64;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                let snapshot = take(&monitor)?;
+                emit(&snapshot, args.json, &text, false);
+                if let Some(tx) = &metrics {
+                    tx.send_replace(report::render_exposition(Some(&snapshot), &BUILD, |_| {}));
+                }
+                reports += 1;
+                if args.count.is_some_and(|n| reports >= n) {
+                    break;
+                }
+            }
+            events = next_events(&mut monitor) => {
+                for e in events? {
+                    if args.json {
+                        println!("{}", serde_json::json!({
+                            "event": {
+                                "pid": e.pid, "comm": e.comm, "cgroup_id": e.cgroup_id,
+                                "verb": e.verb.name(), "device": e.device,
+                                "result": e.result, "latency_ns": e.latency_ns,
+                            }
+                        }));
+                    } else {
+                        println!(
+                            "event pid={} comm={} cgroup={} {} device={} result={} latency={}us",
+                            e.pid, e.comm, e.cgroup_id, e.verb, e.device, e.result, e.latency_ns / 1000
+                        );
+                    }
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    let _ = stop_tx.send(true);
+    let mut last = take(&monitor)?;
+    // The final report covers the whole run.
+    last.interval = started.elapsed();
+    emit(&last, args.json, &text, true);
+    for task in tasks {
+        task.abort();
+    }
+    drop(monitor);
+    if reports == 0 && args.count.is_some() {
+        bail!("stopped before the first report");
+    }
+    Ok(())
+}
+
+/// Events from the monitor, or never when there is no monitor or events are off.
+async fn next_events(monitor: &mut Option<Monitor>) -> Result<Vec<rdma_monitor::monitor::Event>> {
+    match monitor {
+        Some(m) => Ok(m.next_events().await?),
+        None => std::future::pending().await,
+    }
+}
+
+fn emit(snapshot: &Snapshot, json: bool, text: &TextOptions, last: bool) {
+    if json {
+        let mut v = report::render_json(snapshot);
+        if last {
+            v["final"] = serde_json::Value::Bool(true);
+        }
+        println!("{v}");
+    } else {
+        if last {
+            println!("=== rdma-monitor final summary ===");
+        }
+        print!("{}", report::render_text_with(snapshot, text));
+        println!();
+    }
+}

@@ -1,0 +1,100 @@
+//! `secure-server --metrics` serves its exporter whether or not the build has eBPF: the build
+//! info, the server's own metrics and the latest report (the ports' hardware counters and the
+//! server's own counts need no eBPF). `scripts/test.sh` runs it in both builds, the default
+//! one and `--no-default-features`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The value of `field` in a JSON log line whose message is `message`.
+fn logged(line: &str, message: &str, field: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = if v["fields"].is_object() {
+        &v["fields"]
+    } else {
+        &v
+    };
+    if fields["message"] != message {
+        return None;
+    }
+    fields[field].as_str().map(str::to_owned)
+}
+
+/// One `GET /metrics` to `addr`: the whole response, status line and headers included.
+fn scrape(addr: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect to --metrics");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the response");
+    response
+}
+
+#[test]
+fn metrics_serve_the_server_metrics_and_a_report_with_or_without_ebpf() {
+    let dir = tempfile::tempdir().unwrap();
+    secure_rdma::certs::init(&dir.path().join("certs"), &["localhost".to_owned()]).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--telemetry-interval",
+            "1",
+            "--limit",
+            "QP_COUNT=3",
+            "--log-format",
+            "json",
+            "--certs",
+        ])
+        .arg(dir.path().join("certs"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn secure-server");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut addr, mut reported) = (None, false);
+    while !(addr.is_some() && reported) && Instant::now() < deadline {
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) else {
+            continue;
+        };
+        if let Some(a) = logged(&line, "telemetry: Prometheus metrics at /metrics", "addr") {
+            addr = Some(a);
+        }
+        reported |= logged(&line, "telemetry", "source").is_some();
+    }
+    let response = addr.as_deref().map(scrape);
+    let _ = child.kill();
+    let _ = child.wait();
+    let addr = addr.expect("the metrics address logged within 60 s");
+    assert!(reported, "a telemetry report within 60 s");
+    let response = response.unwrap_or_default();
+    assert!(response.starts_with("HTTP/1.1 200"), "{addr}: {response}");
+    // The build info and the server's own metrics, current at the scrape.
+    assert!(response.contains("secure_server_build_info"), "{response}");
+    assert!(
+        response.contains("# TYPE secure_rdma_handshakes"),
+        "{response}"
+    );
+    // The latest report: the thresholds it was given.
+    assert!(response.contains("rdma_limit"), "{response}");
+}
