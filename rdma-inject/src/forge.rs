@@ -17,7 +17,8 @@ use crate::learn::Flow;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ForgeError {
-    /// `--write-imm` needs an rkey and address, which only an observed RDMA WRITE gives.
+    /// A WRITE WITH IMMEDIATE needs an rkey and address, which only an observed RDMA WRITE
+    /// gives.
     #[error(
         "no RDMA WRITE was observed in the flow to {dst} QPN {qpn:#x}, so its rkey and buffer \
          address are unknown: let the victim do a write while observing (or forge a SEND instead)"

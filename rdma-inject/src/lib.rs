@@ -14,7 +14,9 @@
 //! touches sockets, and [`run`] ties the two together. The PSN arithmetic (next, wrap at 2^24,
 //! "ahead") is `roce::psn`'s, so the tool and the capture agree on it. The command line is the
 //! binary's (`src/bin/rdma-inject/`, behind the default `cli` feature): the library has no
-//! argument parser.
+//! argument parser, and its errors ([`run::RunError`]) say what went wrong and carry what a
+//! program needs to say which of its settings to change; the flags those hints name, and the
+//! exit codes, are the binary's.
 //!
 //! Modules, in reading order:
 //!

@@ -32,11 +32,8 @@ const RCVBUF_BYTES: libc::c_int = 4 << 20;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum NetError {
-    /// No permission to open a packet socket.
-    #[error(
-        "opening an AF_PACKET socket needs CAP_NET_RAW: run rdma-inject as root \
-         (or give the binary CAP_NET_RAW)"
-    )]
+    /// No permission to open a packet socket: the program needs `CAP_NET_RAW` (root has it).
+    #[error("opening an AF_PACKET socket needs CAP_NET_RAW")]
     NotPermitted,
     /// No interface of that name.
     #[error("no network interface named {0:?}: `ip link` lists them")]

@@ -26,7 +26,7 @@ pub struct ObserveSummary {
     pub flow: Option<Flow>,
     /// Packets injected (0 when only learning).
     pub injected: usize,
-    /// Request packets written to `--save`, if given.
+    /// Request packets saved to the plan's capture file, if it names one.
     pub saved: Option<u64>,
     /// Milliseconds from start to the end.
     pub elapsed_ms: u64,
@@ -45,13 +45,13 @@ pub struct BlindSummary {
     pub guesses: u32,
     /// Guesses sent.
     pub sent: u64,
-    /// The PRNG seed (pass it to `--seed` to send the same PSNs again).
+    /// The PRNG seed (the same seed in the plan sends the same PSNs again).
     pub seed: u64,
     /// Milliseconds spent sending.
     pub elapsed_ms: u64,
     /// Sending rate.
     pub packets_per_sec: f64,
-    /// True if `--timeout` stopped it before all guesses were sent.
+    /// True if the plan's timeout stopped it before all guesses were sent.
     pub timed_out: bool,
 }
 
@@ -78,11 +78,11 @@ pub struct ReplaySummary {
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum Summary {
-    /// `--observe`.
+    /// [`Plan::Observe`](crate::plan::Plan::Observe).
     Observe(ObserveSummary),
-    /// `--blind`.
+    /// [`Plan::Blind`](crate::plan::Plan::Blind).
     Blind(BlindSummary),
-    /// `--replay`.
+    /// [`Plan::Replay`](crate::plan::Plan::Replay).
     Replay(ReplaySummary),
 }
 
@@ -124,12 +124,33 @@ struct SummaryLine<'a> {
 pub struct Reporter<W: Write> {
     out: W,
     json: bool,
+    /// What the program calls the plan's timeout, for the text summary.
+    timeout_name: Option<String>,
 }
 
 impl<W: Write> Reporter<W> {
     /// A reporter writing JSON lines (`json`) or text to `out`.
     pub fn new(out: W, json: bool) -> Reporter<W> {
-        Reporter { out, json }
+        Reporter {
+            out,
+            json,
+            timeout_name: None,
+        }
+    }
+
+    /// Names the setting behind the plan's timeout (a command-line flag, a configuration
+    /// key), so that a text summary of a run it stopped says what to raise: ", stopped by
+    /// NAME" instead of ", stopped by the timeout". JSON reports only `timed_out`.
+    ///
+    /// ```
+    /// use rdma_inject::report::Reporter;
+    ///
+    /// let r = Reporter::new(Vec::new(), false).with_timeout_name("timeout_secs in lab.toml");
+    /// # drop(r);
+    /// ```
+    pub fn with_timeout_name(mut self, name: impl Into<String>) -> Reporter<W> {
+        self.timeout_name = Some(name.into());
+        self
     }
 
     /// One injected packet.
@@ -184,10 +205,10 @@ impl<W: Write> Reporter<W> {
                     b.elapsed_ms,
                     b.packets_per_sec,
                     b.seed,
-                    if b.timed_out {
-                        ", stopped by --timeout"
-                    } else {
-                        ""
+                    match (b.timed_out, &self.timeout_name) {
+                        (false, _) => String::new(),
+                        (true, Some(name)) => format!(", stopped by {name}"),
+                        (true, None) => ", stopped by the timeout".to_owned(),
                     }
                 )?,
                 Summary::Replay(r) => writeln!(
@@ -314,5 +335,52 @@ mod tests {
             text.contains("injected RC SEND Only to QPN 0x11 PSN 0x000042"),
             "{text}"
         );
+    }
+
+    fn blind_summary(timed_out: bool) -> Summary {
+        Summary::Blind(BlindSummary {
+            iface: "veth-b".into(),
+            dst: [10, 77, 0, 1].into(),
+            qpn: 17,
+            guesses: 10,
+            sent: 4,
+            seed: 7,
+            elapsed_ms: 2,
+            packets_per_sec: 2000.0,
+            timed_out,
+        })
+    }
+
+    fn text(r: impl FnOnce(Vec<u8>) -> Reporter<Vec<u8>>, s: &Summary) -> String {
+        let mut rep = r(Vec::new());
+        rep.summary(s).unwrap();
+        String::from_utf8(rep.out).unwrap()
+    }
+
+    #[test]
+    fn a_timed_out_blind_run_names_the_timeout_as_the_program_calls_it() {
+        let plain = |out| Reporter::new(out, false);
+        let named = |out| Reporter::new(out, false).with_timeout_name("--timeout");
+        assert_eq!(
+            text(plain, &blind_summary(true)),
+            "blind: 4 of 10 guesses sent to 10.77.0.1 QPN 0x11 in 2 ms (2000 packets/s, seed 7), \
+             stopped by the timeout\n"
+        );
+        assert_eq!(
+            text(named, &blind_summary(true)),
+            "blind: 4 of 10 guesses sent to 10.77.0.1 QPN 0x11 in 2 ms (2000 packets/s, seed 7), \
+             stopped by --timeout\n"
+        );
+        assert_eq!(
+            text(named, &blind_summary(false)),
+            "blind: 4 of 10 guesses sent to 10.77.0.1 QPN 0x11 in 2 ms (2000 packets/s, seed 7)\n"
+        );
+        // JSON carries the fact, not a name.
+        let json = text(
+            |out| Reporter::new(out, true).with_timeout_name("--timeout"),
+            &blind_summary(true),
+        );
+        assert!(json.contains(r#""timed_out":true"#), "{json}");
+        assert!(!json.contains("--timeout"), "{json}");
     }
 }

@@ -18,13 +18,16 @@ use crate::replay::{requests_from_pcap, ReplayError};
 use crate::report::{flow_text, BlindSummary, ObserveSummary, ReplaySummary, Reporter, Summary};
 
 /// Why a run failed.
+///
+/// The texts say what went wrong in the run's own terms; what to change on a command line is
+/// for the program that built the [`Plan`] to add (each variant carries what it needs).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
     /// The network side.
     #[error("{0}")]
     Net(#[source] NetError),
-    /// Nothing (or not enough) was learned before `--timeout`.
+    /// Nothing (or not enough) was learned before the timeout of [`LearnOptions`].
     #[error("{0}")]
     NothingLearned(Box<NotLearned>),
     /// A frame could not be forged.
@@ -39,17 +42,14 @@ pub enum RunError {
         #[source]
         source: ReplayError,
     },
-    /// A capture with no Ethernet header, to be sent verbatim.
-    #[error(
-        "{0}: the capture starts at the IP header (no MACs to send with): replay it with \
-         --observe IFACE, which takes the MACs from the live flow"
-    )]
+    /// A capture with no Ethernet header, to be sent verbatim: only a replay renumbered into
+    /// a live flow (`Plan::Replay` with `live`), which takes the MACs from that flow, can
+    /// send it.
+    #[error("{0}: the capture starts at the IP header (no MACs to send with)")]
     RawNeedsObserve(PathBuf),
-    /// None of the capture's requests go to the live flow's responder.
-    #[error(
-        "{path}: none of its {requests} requests goes to {dst}, the live flow's responder: \
-         capture that flow (e.g. rdma-inject --observe IFACE --dst {dst} --save FILE)"
-    )]
+    /// None of the capture's requests go to the live flow's responder: a capture of that
+    /// flow is needed.
+    #[error("{path}: none of its {requests} requests goes to {dst}, the live flow's responder")]
     NoRequestsToFlow {
         /// The capture.
         path: PathBuf,
@@ -74,19 +74,43 @@ pub enum RunError {
     Output(#[source] io::Error),
 }
 
-/// What was seen when `--observe` gave up.
+/// What learning a live flow lacked when it gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Shortfall {
+    /// No RC SEND or RDMA WRITE request (to the responder asked for) was seen: the interface
+    /// or the responder may be the wrong one.
+    #[error("no RC SEND or RDMA WRITE request was seen")]
+    NoRequest,
+    /// Fewer requests than [`LearnOptions::min_packets`] were seen.
+    #[error("only {seen} of the {wanted} requests asked for were seen")]
+    TooFewRequests {
+        /// Requests seen.
+        seen: u64,
+        /// [`LearnOptions::min_packets`].
+        wanted: u64,
+    },
+    /// The flow was never quiet for [`LearnOptions::quiet`] after a complete message.
+    #[error("the flow was never quiet for {} ms after a complete message", quiet.as_millis())]
+    NeverQuiet {
+        /// [`LearnOptions::quiet`].
+        quiet: Duration,
+    },
+}
+
+/// What was seen when learning a live flow gave up.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{what} on {iface} within {secs} s (saw {frames} frames, {roce} of them RoCEv2{to}): is \
-     the session running and passing through {iface}? {hint}",
+    "{missing} on {iface} within {secs} s (saw {frames} frames, {roce} of them RoCEv2{to}): is \
+     the session running and passing through {iface}?",
     to = match dst { Some(d) => format!(", looking for requests to {d}"), None => String::new() }
 )]
 pub struct NotLearned {
     /// What was missing.
-    pub what: String,
+    pub missing: Shortfall,
     /// The interface.
     pub iface: String,
-    /// The timeout.
+    /// The timeout, in whole seconds.
     pub secs: u64,
     /// Frames seen.
     pub frames: u64,
@@ -94,19 +118,6 @@ pub struct NotLearned {
     pub roce: u64,
     /// The responder asked for.
     pub dst: Option<IpAddr>,
-    /// What to try.
-    pub hint: &'static str,
-}
-
-impl RunError {
-    /// The process exit code: 1 error, 3 no `CAP_NET_RAW`, 4 nothing learned in time.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            RunError::Net(NetError::NotPermitted) => 3,
-            RunError::NothingLearned(_) => 4,
-            _ => 1,
-        }
-    }
 }
 
 impl From<NetError> for RunError {
@@ -281,34 +292,21 @@ fn learn_live(
 }
 
 fn not_learned(flow: Option<&Flow>, opts: &LearnOptions, seen: &Seen) -> RunError {
-    let (what, hint) = match flow {
-        None => (
-            "no RC SEND or RDMA WRITE request was seen".to_owned(),
-            "Check --dst and the interface (the requester's link, e.g. veth-b).",
-        ),
-        Some(f) if f.requests < opts.min_packets => (
-            format!(
-                "only {} of the {} requests asked for (--min-packets) were seen",
-                f.requests, opts.min_packets
-            ),
-            "Lower --min-packets or raise --timeout.",
-        ),
-        Some(_) => (
-            format!(
-                "the flow was never quiet for {} ms after a complete message",
-                opts.quiet.as_millis()
-            ),
-            "Lower --quiet-ms or raise --timeout.",
-        ),
+    let missing = match flow {
+        None => Shortfall::NoRequest,
+        Some(f) if f.requests < opts.min_packets => Shortfall::TooFewRequests {
+            seen: f.requests,
+            wanted: opts.min_packets,
+        },
+        Some(_) => Shortfall::NeverQuiet { quiet: opts.quiet },
     };
     RunError::NothingLearned(Box::new(NotLearned {
-        what,
+        missing,
         iface: opts.iface.clone(),
         secs: opts.timeout.as_secs(),
         frames: seen.frames,
         roce: seen.roce,
         dst: opts.dst,
-        hint,
     }))
 }
 
@@ -514,26 +512,31 @@ fn replay_decode(path: &Path, e: roce::DecodeError) -> RunError {
 mod tests {
     use super::*;
 
-    #[test]
-    fn exit_codes_tell_permission_and_timeout_apart() {
-        assert_eq!(RunError::Net(NetError::NotPermitted).exit_code(), 3);
-        let opts = LearnOptions {
+    fn learn_options() -> LearnOptions {
+        LearnOptions {
             iface: "veth-b".into(),
             dst: Some([10, 77, 0, 1].into()),
             quiet: Duration::from_millis(300),
             min_packets: 2,
             timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn seen() -> Seen {
+        Seen {
+            frames: 12,
+            roce: 0,
+            saved: 0,
+        }
+    }
+
+    #[test]
+    fn giving_up_says_what_was_missing_and_what_was_seen() {
+        let e = not_learned(None, &learn_options(), &seen());
+        let RunError::NothingLearned(n) = &e else {
+            panic!("{e:?}")
         };
-        let e = not_learned(
-            None,
-            &opts,
-            &Seen {
-                frames: 12,
-                roce: 0,
-                saved: 0,
-            },
-        );
-        assert_eq!(e.exit_code(), 4);
+        assert_eq!(n.missing, Shortfall::NoRequest);
         let msg = e.to_string();
         assert!(
             msg.starts_with(
@@ -542,9 +545,42 @@ mod tests {
             ),
             "{msg}"
         );
-        assert_eq!(
-            RunError::Net(NetError::NoSuchInterface("x".into())).exit_code(),
-            1
+        // The library names no flag: the binary adds how to change its command line.
+        assert!(!msg.contains("--"), "{msg}");
+    }
+
+    #[test]
+    fn too_few_requests_and_no_quiet_are_told_apart() {
+        let send = roce::PacketBuilder::new(roce::Opcode::RC_SEND_ONLY)
+            .ipv4([10, 77, 0, 2].into(), [10, 77, 0, 1].into())
+            .dest_qp(17)
+            .psn(0x41)
+            .payload(*b"x")
+            .frame()
+            .unwrap();
+        let mut learner = FlowLearner::new(None);
+        learner.observe(&roce::decode_ethernet(&send).unwrap());
+        let flow = learner.flow();
+        let e = not_learned(flow, &learn_options(), &seen());
+        let RunError::NothingLearned(n) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(n.missing, Shortfall::TooFewRequests { seen: 1, wanted: 2 });
+        assert!(
+            e.to_string()
+                .starts_with("only 1 of the 2 requests asked for were seen on veth-b"),
+            "{e}"
+        );
+        let opts = LearnOptions {
+            min_packets: 1,
+            ..learn_options()
+        };
+        let e = not_learned(flow, &opts, &seen());
+        assert!(
+            e.to_string().starts_with(
+                "the flow was never quiet for 300 ms after a complete message on veth-b"
+            ),
+            "{e}"
         );
     }
 

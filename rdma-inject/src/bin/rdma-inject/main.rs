@@ -1,7 +1,8 @@
-//! `rdma-inject`: argument parsing ([`cli`]), log setup and the exit code; the work is in the
-//! library.
+//! `rdma-inject`: argument parsing ([`cli`]), log setup, and how a failure is worded and
+//! exits ([`failure`]); the work is in the library.
 
 mod cli;
+mod failure;
 
 use std::io::{self, BufWriter};
 use std::process::ExitCode;
@@ -21,14 +22,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut rep = Reporter::new(BufWriter::new(io::stdout().lock()), cli.json);
+    let mut rep =
+        Reporter::new(BufWriter::new(io::stdout().lock()), cli.json).with_timeout_name("--timeout");
     match rdma_inject::run::run(&plan, &mut rep) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // What was reported so far still reaches stdout.
             let _ = rep.flush();
-            eprintln!("rdma-inject: {e}");
-            ExitCode::from(e.exit_code())
+            eprintln!("rdma-inject: {}", failure::message(&e));
+            ExitCode::from(failure::exit_code(&e))
         }
     }
 }
