@@ -24,3 +24,8 @@ pub mod processor;
 pub mod record;
 
 pub use record::{parse_record, wall_time, Record, Source, MAX_SNAPLEN, RECORD_HEADER_LEN};
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -17,3 +17,8 @@
 pub mod choices;
 pub mod docs;
 pub mod logging;
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

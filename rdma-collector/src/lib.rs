@@ -123,3 +123,8 @@ pub use bounds::{BoundNames, ConnectionBounds};
 pub use daemon::Collector;
 pub use listen::CollectorError;
 pub use users::user_name;
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -60,3 +60,8 @@ pub mod plan;
 pub mod replay;
 pub mod report;
 pub mod run;
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -62,3 +62,8 @@
 pub mod client;
 pub mod hooks;
 pub mod intercept;
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

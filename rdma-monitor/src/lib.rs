@@ -24,3 +24,8 @@
 pub mod hw_counters;
 pub mod monitor;
 pub mod report;
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -75,3 +75,8 @@ pub use rate::{rate_per_second, RateWindow};
 pub use refusal::{Refusal, Scope};
 pub use snapshot::{QuotaSnapshot, RefusalCount, TenantInfo, TenantSnapshot, UsageSnapshot};
 pub use verb::{Resource, UnknownVerb, Verb};
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

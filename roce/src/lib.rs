@@ -218,3 +218,8 @@ pub fn doc_example_frame() -> Vec<u8> {
         // Every field above fits; tests/encode.rs checks these are the expected bytes.
         .unwrap_or_default()
 }
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -59,3 +59,8 @@ pub mod server;
 pub mod session;
 pub mod tls;
 pub mod verbs;
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -28,3 +28,8 @@ pub mod host;
 pub mod loader;
 pub mod objects;
 pub mod ring;
+
+/// The crate's README, whose examples run as doctests so they cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
