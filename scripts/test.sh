@@ -3,7 +3,8 @@
 #
 #   1. installs what a fresh Debian machine lacks (build deps, the lab VM's
 #      kernel, qemu, rdma-core, perftest, shellcheck)
-#   2. cargo fmt --check, cargo clippy -D warnings
+#   2. cargo fmt --check, cargo clippy -D warnings, the crates' weight by feature, the
+#      architecture picture against cargo metadata, and every crate packaged (cargo package)
 #   3. host tests (cargo test --workspace; lab tests show as ignored here)
 #   4. the Debian package, made from the lab suite's build (scripts/package.sh --from-dev)
 #      and checked (scripts/check-package.sh), then the lab suite on real Soft-RoCE inside
@@ -120,6 +121,9 @@ forbid rdma-collector "a library speaks no command line" 'clap|rdma-cli|anyhow'
 # rdma-monitor without its default features is the reports and the hardware counters alone, what
 # secure-server's --metrics takes: no packet capture, collector, command line or eBPF.
 forbid rdma-monitor "what --metrics needs, nothing more" 'roce|pcap-file|byteorder_slice|rdma-collector|clap|rdma-cli|aya'
+# The README's architecture picture is drawn from cargo metadata; a new crate or dependency
+# without a new picture fails here.
+python3 scripts/architecture.py --check
 # rust-version must be one the locked dependencies accept (cargo would not check it for us).
 python3 - <<'PY'
 import json, subprocess, sys
@@ -134,6 +138,23 @@ if ours < need[0]:
     sys.exit(f"test.sh: rust-version {ours} is older than {need[1]} needs ({need[0]})")
 print("rust-version %s covers every locked dependency (newest: %s %s)" % (".".join(map(str, ours)), need[1], ".".join(map(str, need[0]))))
 PY
+
+# ------------------------------------------------------------------ crates packaged
+# Every crate but the lab suite can be published, so a user can `cargo add` one part of the
+# framework: each is packaged and built from its package, in dependency order (cargo puts the
+# workspace's own unpublished crates in a local registry for the ones that need them). A path
+# dependency without a version, a file outside the crate or missing metadata fails here.
+stage "crates packaged"
+# --allow-dirty: a developer's uncommitted change is checked as it stands (CI's clone is clean).
+crates_rc=0
+cargo package --workspace --exclude secure-rdma-tests --locked --allow-dirty >"$LOGDIR/crates.log" 2>&1 ||
+    crates_rc=$?
+grep -E '^ *(Packaged|Verifying)|^(error|warning)' "$LOGDIR/crates.log" || true
+if [ "$crates_rc" != 0 ] || grep -q '^warning: manifest' "$LOGDIR/crates.log"; then
+    echo "test.sh: a crate does not package (exit $crates_rc; see $LOGDIR/crates.log)" >&2
+    exit 1
+fi
+echo "$(grep -c '^ *Verifying' "$LOGDIR/crates.log") crates packaged and built from their packages"
 
 # ------------------------------------------------------------------ host tests
 # Sums libtest's "test result:" lines of a log into "passed failed ignored".
