@@ -228,7 +228,11 @@ async fn run(cli: Cli) -> i32 {
     };
     let cfg = cfg.with_recovery(recovery).with_backoff(backoff);
     let first = Backoff {
-        attempts: if cli.no_reconnect { 0 } else { backoff.attempts },
+        attempts: if cli.no_reconnect {
+            0
+        } else {
+            backoff.attempts
+        },
         ..backoff
     };
     let mut client = match connect(&cfg, first).await {

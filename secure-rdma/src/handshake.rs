@@ -159,7 +159,11 @@ pub struct StreamHello {
 impl StreamHello {
     /// A stream the client has not used yet.
     pub fn fresh(id: StreamId) -> StreamHello {
-        StreamHello { id, next: 1, sent: 0 }
+        StreamHello {
+            id,
+            next: 1,
+            sent: 0,
+        }
     }
 
     /// Checks what serde cannot: sequences start at 1, and `sent` is at
@@ -927,11 +931,17 @@ mod tests {
             version: VERSION,
             capabilities: vec![],
             ciphers: vec![],
-            stream: Some(StreamHello { id, next: 5, sent: 7 }),
+            stream: Some(StreamHello {
+                id,
+                next: 5,
+                sent: 7,
+            }),
         };
         let json = serde_json::to_string(&hello).unwrap();
         assert!(
-            json.contains(r#""stream":{"id":"abababababababababababababababab","next":5,"sent":7}"#),
+            json.contains(
+                r#""stream":{"id":"abababababababababababababababab","next":5,"sent":7}"#
+            ),
             "{json}"
         );
         let resumed = Resume::Resumed {
@@ -956,7 +966,13 @@ mod tests {
             r#"{"type":"accept","buffer_size":64,"identity":"a","cipher":null}"#,
         )
         .unwrap();
-        assert!(matches!(accept, Message::Accept { resume: Resume::New, .. }));
+        assert!(matches!(
+            accept,
+            Message::Accept {
+                resume: Resume::New,
+                ..
+            }
+        ));
         // Sequences start at 1, and what was sent is at least what was acknowledged.
         assert!(StreamHello::fresh(id).validate().is_ok());
         for (next, sent) in [(0, 0), (5, 3), (u64::MAX, u64::MAX)] {

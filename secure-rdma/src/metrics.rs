@@ -248,7 +248,11 @@ impl Default for ServerMetrics {
             streams_expired: Counter::default(),
         };
         for outcome in ["resumed", "expired"] {
-            drop(metrics.stream_resumes.get_or_create(&OutcomeLabels { outcome }));
+            drop(
+                metrics
+                    .stream_resumes
+                    .get_or_create(&OutcomeLabels { outcome }),
+            );
         }
         for outcome in HandshakeOutcome::ALL {
             // Creating the child is the point; the guard it returns is not needed.
@@ -371,7 +375,11 @@ impl ServerMetrics {
 
     /// What the stream counters say: (resumed, expired, replayed, suppressed, forgotten).
     pub fn stream_counts(&self) -> (u64, u64, u64, u64, u64) {
-        let outcome = |o| self.stream_resumes.get_or_create(&OutcomeLabels { outcome: o }).get();
+        let outcome = |o| {
+            self.stream_resumes
+                .get_or_create(&OutcomeLabels { outcome: o })
+                .get()
+        };
         (
             outcome("resumed"),
             outcome("expired"),

@@ -27,7 +27,7 @@ fn sealed_messages_never_panic_and_no_changed_message_opens() {
     let started = Instant::now();
     let (mut inputs, mut refused, mut versions) = (0u64, 0u64, 0u64);
     while started.elapsed() < Duration::from_secs(secs) {
-        let cipher = if inputs % 2 == 0 {
+        let cipher = if inputs.is_multiple_of(2) {
             Cipher::ChaCha20Poly1305
         } else {
             Cipher::Aes256Gcm
@@ -37,7 +37,7 @@ fn sealed_messages_never_panic_and_no_changed_message_opens() {
         sealer.bind(stream, first);
         let mut plain = vec![0u8; below(&mut rng, 300)];
         rng.fill_bytes(&mut plain);
-        let op = if rng.next_u32() % 2 == 0 {
+        let op = if rng.next_u32().is_multiple_of(2) {
             Op::Send
         } else {
             Op::Write
@@ -61,7 +61,7 @@ fn sealed_messages_never_panic_and_no_changed_message_opens() {
             }
             3 => {
                 // Renumbered to what the opener expects next, or to anything.
-                let seq = if rng.next_u32() % 2 == 0 {
+                let seq = if rng.next_u32().is_multiple_of(2) {
                     first + 1
                 } else {
                     rng.next_u64()

@@ -23,10 +23,10 @@ use crate::session::{Secrets, Session, SessionConfig, SessionError};
 mod link;
 mod stream;
 
-use link::Link;
-pub use stream::{Client, Recovering, Recovery, ResumeEvent, ResumeOutcome};
 use crate::tls;
 use crate::verbs::{Device, GidSelector, VerbsError};
+use link::Link;
+pub use stream::{Client, Recovering, Recovery, ResumeEvent, ResumeOutcome};
 
 /// Client settings. Built with [`ClientConfig::new`] and the `with_*`
 /// setters, so that new settings can come without breaking callers:

@@ -17,9 +17,11 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::accept::Outcome;
-use super::{ServerChannel, Shared};
 use super::streams::StreamLease;
-use crate::handshake::{Channel, HandshakeError, Message, RejectReason, Resume, RDMA_ACKS, VERSION};
+use super::{ServerChannel, Shared};
+use crate::handshake::{
+    Channel, HandshakeError, Message, RejectReason, Resume, RDMA_ACKS, VERSION,
+};
 use crate::metrics::{self, HandshakeOutcome, ServerMetrics};
 use crate::protect::{Protection, Side};
 use crate::quota::{TenantInfo, TenantQuota};

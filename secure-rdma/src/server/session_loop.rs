@@ -23,8 +23,8 @@ use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
 use crate::handshake::{HandshakeError, Message};
 use crate::metrics::{HandshakeOutcome, TimedVerb};
 use crate::ratelimit::LogLimiter;
-use crate::session::{Session, SessionError};
 use crate::server::handler::HandlerError;
+use crate::session::{Session, SessionError};
 
 /// Steps 3–6: RDMA setup and confirmation, then the client's operations
 /// until it leaves, goes idle or the server stops; then everything the

@@ -190,9 +190,12 @@ impl Streams {
                     (Resume::Expired, hello.next, hello.sent, state)
                 }
             }
-            None if hello.next == 1 && hello.sent == 0 => {
-                (Resume::New, 1, 0, Arc::new(Mutex::new(StreamState::default())))
-            }
+            None if hello.next == 1 && hello.sent == 0 => (
+                Resume::New,
+                1,
+                0,
+                Arc::new(Mutex::new(StreamState::default())),
+            ),
             None => {
                 let state = Arc::new(Mutex::new(StreamState {
                     answered: hello.next - 1,
@@ -424,14 +427,23 @@ mod tests {
         let id = StreamId([4; 16]);
         let wait = Duration::from_secs(1);
         // Unknown (a restarted server): the client had acks up to 9 and sent up to 12.
-        let lease = streams.claim("alice", hello(id, 10, 12), wait).await.unwrap();
+        let lease = streams
+            .claim("alice", hello(id, 10, 12), wait)
+            .await
+            .unwrap();
         assert_eq!(lease.resume, Resume::Expired);
-        assert_eq!((lease.first, lease.flagged_through, lease.sent), (10, 12, 12));
+        assert_eq!(
+            (lease.first, lease.flagged_through, lease.sent),
+            (10, 12, 12)
+        );
         answer(&lease, 10);
         drop(lease);
         // A window of 0 keeps nothing once the session ends.
         assert_eq!(streams.len(), 0);
-        let lease = streams.claim("alice", hello(id, 11, 12), wait).await.unwrap();
+        let lease = streams
+            .claim("alice", hello(id, 11, 12), wait)
+            .await
+            .unwrap();
         assert_eq!(lease.resume, Resume::Expired);
     }
 
@@ -443,12 +455,18 @@ mod tests {
         let mine = streams.claim("alice", hello(id, 1, 0), wait).await.unwrap();
         answer(&mine, 1);
         // Mallory names alice's stream: she neither ends alice's session nor learns its state.
-        let theirs = streams.claim("mallory", hello(id, 1, 1), wait).await.unwrap();
+        let theirs = streams
+            .claim("mallory", hello(id, 1, 1), wait)
+            .await
+            .unwrap();
         assert_eq!(theirs.resume, Resume::Expired);
         assert_eq!(streams.len(), 2);
         let mut mine = mine;
         let evicted = tokio::time::timeout(Duration::from_millis(50), mine.evicted()).await;
-        assert!(evicted.is_err(), "alice's session was ended by another identity");
+        assert!(
+            evicted.is_err(),
+            "alice's session was ended by another identity"
+        );
     }
 
     #[tokio::test]
