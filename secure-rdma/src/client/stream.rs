@@ -57,8 +57,9 @@ pub enum ResumeOutcome {
     /// The server no longer knew the stream: every unacknowledged operation
     /// was sent again, flagged as possibly delivered.
     Expired,
-    /// [`Recovery::Resend`]: a new stream, every unacknowledged operation sent
-    /// again.
+    /// A new stream, every unacknowledged operation sent again: with
+    /// [`Recovery::Resend`], or after the server delivered operations of the
+    /// old stream this client never sent (forged without payload protection).
     WithoutResume,
 }
 
@@ -130,6 +131,8 @@ pub struct Client {
     /// and not yet returned to the caller, oldest first.
     ready: VecDeque<Ack>,
     observer: Option<Observer>,
+    /// The stream was given up (forged deliveries): the next new one is reported so.
+    restarted: bool,
     identity: String,
     device: Arc<Device>,
 }
@@ -151,6 +154,7 @@ impl Client {
             unacked: VecDeque::new(),
             ready: VecDeque::new(),
             observer: None,
+            restarted: false,
             identity,
             device,
         }
@@ -490,6 +494,19 @@ impl Client {
         }
     }
 
+    /// Goes on in a new stream: what is not acknowledged is numbered from 1 in it.
+    fn restart_stream(&mut self) {
+        self.stream = StreamId::random();
+        let mut seq = 0;
+        for p in self.unacked.iter_mut() {
+            seq += 1;
+            p.seq = seq;
+        }
+        self.next_seq = seq + 1;
+        self.sent = 0;
+        self.restarted = true;
+    }
+
     /// One attempt: a new session, the server's answer applied, the rest sent again.
     async fn resume_once(
         &mut self,
@@ -498,14 +515,7 @@ impl Client {
         if recovery == Recovery::Resend {
             // A new stream: the server cannot know which of these it has, so they are sent
             // again under new sequences.
-            self.stream = StreamId::random();
-            let mut seq = 0;
-            for p in self.unacked.iter_mut() {
-                seq += 1;
-                p.seq = seq;
-            }
-            self.next_seq = seq + 1;
-            self.sent = 0;
+            self.restart_stream();
         }
         let hello = StreamHello {
             id: self.stream,
@@ -521,7 +531,9 @@ impl Client {
             p.posted = false;
         }
         let outcome = match resume {
-            Resume::New if recovery == Recovery::Resend => ResumeOutcome::WithoutResume,
+            Resume::New if recovery == Recovery::Resend || std::mem::take(&mut self.restarted) => {
+                ResumeOutcome::WithoutResume
+            }
             Resume::New => {
                 if hello.sent > 0 || hello.next > 1 {
                     return Err(super::tls_or(HandshakeError::Invalid {
@@ -531,8 +543,25 @@ impl Client {
                 }
                 ResumeOutcome::Resumed { acknowledged: 0 }
             }
+            Resume::Resumed { delivered, .. } if delivered > hello.sent => {
+                // The server delivered operations of this stream that this client never sent:
+                // forged into a session without payload protection. The stream's numbering is
+                // the attacker's now; the client goes on in a new stream (what it has not had
+                // acknowledged is sent again there), and says why.
+                tracing::warn!(
+                    stream = %self.stream.short(),
+                    delivered,
+                    sent = hello.sent,
+                    "the server delivered operations this client never sent (forged); starting a new stream"
+                );
+                self.restart_stream();
+                return Err(ClientError::Forged {
+                    acked: delivered,
+                    made: hello.sent,
+                });
+            }
             Resume::Resumed { delivered, acks } => {
-                if delivered + 1 < hello.next || delivered > hello.sent {
+                if delivered + 1 < hello.next {
                     return Err(super::tls_or(HandshakeError::Invalid {
                         field: "resume",
                         reason: format!(
