@@ -530,24 +530,17 @@ impl Client {
         for p in self.unacked.iter_mut() {
             p.posted = false;
         }
-        let outcome = match resume {
-            Resume::New if recovery == Recovery::Resend || std::mem::take(&mut self.restarted) => {
-                ResumeOutcome::WithoutResume
-            }
-            Resume::New => {
-                if hello.sent > 0 || hello.next > 1 {
-                    return Err(super::tls_or(HandshakeError::Invalid {
-                        field: "resume",
-                        reason: "the server treats a stream already in use as new".into(),
-                    }));
+        let kept: Vec<(u64, Op)> = self.unacked.iter().map(|p| (p.seq, p.op)).collect();
+        let restarted = std::mem::take(&mut self.restarted);
+        let outcome = match plan(&hello, &kept, resume, recovery, restarted)? {
+            Plan::Proceed { outcome, acks } => {
+                for ack in acks {
+                    self.unacked.pop_front();
+                    self.ready.push_back(ack);
                 }
-                ResumeOutcome::Resumed { acknowledged: 0 }
+                outcome
             }
-            Resume::Resumed { delivered, .. } if delivered > hello.sent => {
-                // The server delivered operations of this stream that this client never sent:
-                // forged into a session without payload protection. The stream's numbering is
-                // the attacker's now; the client goes on in a new stream (what it has not had
-                // acknowledged is sent again there), and says why.
+            Plan::RestartStream { delivered } => {
                 tracing::warn!(
                     stream = %self.stream.short(),
                     delivered,
@@ -560,34 +553,224 @@ impl Client {
                     made: hello.sent,
                 });
             }
-            Resume::Resumed { delivered, acks } => {
-                if delivered + 1 < hello.next {
-                    return Err(super::tls_or(HandshakeError::Invalid {
-                        field: "resume",
-                        reason: format!(
-                            "delivered {delivered}, but this client had acknowledgements up to {} and sent up to {}",
-                            hello.next - 1,
-                            hello.sent
-                        ),
-                    }));
-                }
-                let n = acks.len();
-                for ack in acks {
-                    let ack = self.matched(Ack::from(ack))?;
-                    self.ready.push_back(ack);
-                }
-                if self.unacked.front().is_some_and(|p| p.seq <= delivered) {
-                    return Err(super::tls_or(HandshakeError::Invalid {
-                        field: "resume",
-                        reason: format!("delivered {delivered} without every acknowledgement"),
-                    }));
-                }
-                ResumeOutcome::Resumed { acknowledged: n }
-            }
-            Resume::Expired => ResumeOutcome::Expired,
         };
         let resent = self.unacked.len();
         self.post_pending().await?;
         Ok((outcome, resent))
+    }
+}
+
+/// What the client does with the server's answer to its resume.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// Go on: these acknowledgements (of the oldest kept operations, in order) came with the
+    /// answer; the rest is sent again.
+    Proceed {
+        outcome: ResumeOutcome,
+        acks: Vec<Ack>,
+    },
+    /// The server delivered operations of this stream the client never sent: forged into a
+    /// session without payload protection. The numbering is the attacker's; go on in a new
+    /// stream.
+    RestartStream { delivered: u64 },
+}
+
+/// The answer `resume` to `hello`, judged against the operations the client keeps
+/// (`(sequence, operation)`, oldest first): pure, so that every branch is tested without a
+/// server. An answer that contradicts what the client knows is a protocol error, never
+/// guessed around.
+fn plan(
+    hello: &StreamHello,
+    kept: &[(u64, Op)],
+    resume: Resume,
+    recovery: Recovery,
+    restarted: bool,
+) -> Result<Plan, ClientError> {
+    let invalid = |reason: String| {
+        Err(super::tls_or(HandshakeError::Invalid {
+            field: "resume",
+            reason,
+        }))
+    };
+    match resume {
+        Resume::New if recovery == Recovery::Resend || restarted => Ok(Plan::Proceed {
+            outcome: ResumeOutcome::WithoutResume,
+            acks: Vec::new(),
+        }),
+        Resume::New if hello.sent > 0 || hello.next > 1 => {
+            invalid("the server treats a stream already in use as new".into())
+        }
+        Resume::New => Ok(Plan::Proceed {
+            outcome: ResumeOutcome::Resumed { acknowledged: 0 },
+            acks: Vec::new(),
+        }),
+        Resume::Resumed { delivered, .. } if delivered > hello.sent => {
+            Ok(Plan::RestartStream { delivered })
+        }
+        Resume::Resumed { delivered, .. } if delivered + 1 < hello.next => invalid(format!(
+            "delivered {delivered}, but this client had acknowledgements up to {}",
+            hello.next - 1
+        )),
+        Resume::Resumed { delivered, acks } => {
+            // Exactly the kept operations up to `delivered`, in order, each for its operation.
+            let due: Vec<&(u64, Op)> = kept
+                .iter()
+                .take_while(|(seq, _)| *seq <= delivered)
+                .collect();
+            if acks.len() != due.len() {
+                return invalid(format!(
+                    "delivered {delivered} with {} acknowledgements for {} operations",
+                    acks.len(),
+                    due.len()
+                ));
+            }
+            let mut out = Vec::with_capacity(acks.len());
+            for (ack, (seq, op)) in acks.into_iter().zip(due) {
+                let ack = Ack::from(ack);
+                if ack.seq != *seq || ack.op != *op {
+                    return invalid(format!(
+                        "an acknowledgement of {} #{} where {op} #{seq} was due",
+                        ack.op, ack.seq
+                    ));
+                }
+                out.push(ack);
+            }
+            Ok(Plan::Proceed {
+                outcome: ResumeOutcome::Resumed {
+                    acknowledged: out.len(),
+                },
+                acks: out,
+            })
+        }
+        Resume::Expired => Ok(Plan::Proceed {
+            outcome: ResumeOutcome::Expired,
+            acks: Vec::new(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::AckStatus;
+    use crate::handshake::AckRecord;
+
+    const ID: StreamId = StreamId([1; 16]);
+
+    fn hello(next: u64, sent: u64) -> StreamHello {
+        StreamHello { id: ID, next, sent }
+    }
+
+    fn record(seq: u64, op: Op) -> AckRecord {
+        AckRecord {
+            op,
+            seq,
+            bytes: 1,
+            status: AckStatus::Delivered,
+        }
+    }
+
+    fn go(h: StreamHello, kept: &[(u64, Op)], resume: Resume) -> Result<Plan, ClientError> {
+        plan(&h, kept, resume, Recovery::Resume, false)
+    }
+
+    #[test]
+    fn a_resume_hands_over_the_missed_acknowledgements_in_order() {
+        let kept = [(4, Op::Send), (5, Op::Write), (6, Op::Send)];
+        let answer = Resume::Resumed {
+            delivered: 5,
+            acks: vec![record(4, Op::Send), record(5, Op::Write)],
+        };
+        let Plan::Proceed { outcome, acks } = go(hello(4, 6), &kept, answer).unwrap() else {
+            panic!()
+        };
+        assert_eq!(outcome, ResumeOutcome::Resumed { acknowledged: 2 });
+        assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [4, 5]);
+        // Nothing delivered while away: nothing handed over, everything sent again.
+        let answer = Resume::Resumed {
+            delivered: 3,
+            acks: vec![],
+        };
+        assert_eq!(
+            go(hello(4, 6), &kept, answer).unwrap(),
+            Plan::Proceed {
+                outcome: ResumeOutcome::Resumed { acknowledged: 0 },
+                acks: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn an_answer_that_contradicts_the_client_is_refused_by_name() {
+        let kept = [(4, Op::Send), (5, Op::Write)];
+        for (answer, says) in [
+            // An acknowledgement missing.
+            (
+                Resume::Resumed {
+                    delivered: 5,
+                    acks: vec![record(4, Op::Send)],
+                },
+                "with 1 acknowledgements for 2 operations",
+            ),
+            // An acknowledgement of the wrong operation.
+            (
+                Resume::Resumed {
+                    delivered: 4,
+                    acks: vec![record(4, Op::Write)],
+                },
+                "an acknowledgement of write #4 where send #4 was due",
+            ),
+            // Less delivered than the client already had acknowledged.
+            (
+                Resume::Resumed {
+                    delivered: 1,
+                    acks: vec![],
+                },
+                "delivered 1, but this client had acknowledgements up to 3",
+            ),
+            // A stream in use answered as new.
+            (Resume::New, "treats a stream already in use as new"),
+        ] {
+            let e = go(hello(4, 5), &kept, answer).err().unwrap();
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn more_delivered_than_sent_is_a_forgery_and_restarts_the_stream() {
+        let kept = [(2, Op::Send)];
+        let answer = Resume::Resumed {
+            delivered: 3,
+            acks: vec![record(2, Op::Send), record(3, Op::Send)],
+        };
+        assert_eq!(
+            go(hello(2, 2), &kept, answer).unwrap(),
+            Plan::RestartStream { delivered: 3 }
+        );
+    }
+
+    #[test]
+    fn expired_and_new_streams_send_everything_again() {
+        let kept = [(7, Op::Send), (8, Op::Send)];
+        let Plan::Proceed { outcome, acks } = go(hello(7, 8), &kept, Resume::Expired).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((outcome, acks.len()), (ResumeOutcome::Expired, 0));
+        // A fresh stream is new; a resend's new stream is new too, and said to be.
+        assert!(matches!(
+            go(hello(1, 0), &[], Resume::New),
+            Ok(Plan::Proceed {
+                outcome: ResumeOutcome::Resumed { acknowledged: 0 },
+                ..
+            })
+        ));
+        assert!(matches!(
+            plan(&hello(1, 0), &kept, Resume::New, Recovery::Resend, false),
+            Ok(Plan::Proceed {
+                outcome: ResumeOutcome::WithoutResume,
+                ..
+            })
+        ));
     }
 }

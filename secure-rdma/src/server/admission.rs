@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::accept::Outcome;
-use super::streams::StreamLease;
+use super::streams::{ClaimError, StreamLease};
 use super::{ServerChannel, Shared};
 use crate::handshake::{
     Channel, HandshakeError, Message, RejectReason, Resume, RDMA_ACKS, VERSION,
@@ -241,6 +241,11 @@ pub(super) async fn admit(
         .await
     {
         Ok(lease) => lease,
+        Err(e @ ClaimError::NotYours(_)) => {
+            tracing::warn!(client = %identity, error = %e, "a client named another identity's stream");
+            let detail = e.to_string();
+            return Err(reject(counts, &mut chan, RejectReason::Policy { detail }).await);
+        }
         Err(e) => {
             tracing::warn!(client = %identity, error = %e, "cannot resume the stream");
             let detail = format!("{e}; reconnect later");

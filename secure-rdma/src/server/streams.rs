@@ -47,6 +47,8 @@ pub(super) struct Streams {
 struct Inner {
     map: HashMap<Key, Entry>,
     per_identity: HashMap<String, usize>,
+    /// Whose each remembered stream id is: another identity naming it is refused.
+    owner: HashMap<StreamId, String>,
 }
 
 struct Entry {
@@ -78,6 +80,9 @@ pub enum ClaimError {
     /// The stream's previous session did not end in time.
     #[error("the stream's previous session did not end within {0:?}")]
     PreviousSessionStuck(Duration),
+    /// Another identity's stream: a client can only name streams it made.
+    #[error("stream {0} belongs to another identity")]
+    NotYours(String),
 }
 
 /// A session's hold on its stream: where its operations start, how to record
@@ -133,6 +138,14 @@ impl Streams {
         wait: Duration,
     ) -> Result<StreamLease, ClaimError> {
         let key: Key = (identity.to_owned(), hello.id);
+        if self
+            .lock()
+            .owner
+            .get(&hello.id)
+            .is_some_and(|owner| owner != identity)
+        {
+            return Err(ClaimError::NotYours(hello.id.short()));
+        }
         // End the previous session first, outside the lock: it records its last answers and
         // drains its QP before it lets go.
         let previous = {
@@ -208,7 +221,14 @@ impl Streams {
         let (done, done_rx) = watch::channel(false);
         if !inner.map.contains_key(&key) {
             forgotten += inner.make_room(identity, now);
+            if let Some(owner) = inner.owner.get(&hello.id) {
+                // Taken by another identity between the check above and now.
+                if owner != identity {
+                    return Err(ClaimError::NotYours(hello.id.short()));
+                }
+            }
             *inner.per_identity.entry(identity.to_owned()).or_insert(0) += 1;
+            inner.owner.insert(hello.id, identity.to_owned());
         }
         let entry = inner.map.entry(key.clone()).or_insert_with(|| Entry {
             state: Arc::clone(&state),
@@ -285,6 +305,7 @@ impl Inner {
 
     fn forget(&mut self, key: &Key) {
         if self.map.remove(key).is_some() {
+            self.owner.remove(&key.1);
             if let Some(n) = self.per_identity.get_mut(&key.0) {
                 *n -= 1;
                 if *n == 0 {
@@ -448,25 +469,38 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn another_identity_naming_my_stream_gets_a_stream_of_its_own() {
+    async fn another_identity_naming_my_stream_is_refused() {
         let streams = Arc::new(Streams::new(Duration::from_secs(120)));
         let id = StreamId([5; 16]);
         let wait = Duration::from_secs(1);
-        let mine = streams.claim("alice", hello(id, 1, 0), wait).await.unwrap();
+        let mut mine = streams.claim("alice", hello(id, 1, 0), wait).await.unwrap();
         answer(&mine, 1);
-        // Mallory names alice's stream: she neither ends alice's session nor learns its state.
-        let theirs = streams
+        // Mallory names alice's stream: refused, alice's session goes on, nothing learned.
+        let e = streams
             .claim("mallory", hello(id, 1, 1), wait)
             .await
+            .err()
             .unwrap();
-        assert_eq!(theirs.resume, Resume::Expired);
-        assert_eq!(streams.len(), 2);
-        let mut mine = mine;
+        assert_eq!(e.to_string(), "stream 05050505 belongs to another identity");
+        assert_eq!(streams.len(), 1);
         let evicted = tokio::time::timeout(Duration::from_millis(50), mine.evicted()).await;
         assert!(
             evicted.is_err(),
             "alice's session was ended by another identity"
         );
+        // Once alice's stream is forgotten (a window of 0), the id is nobody's.
+        drop(mine);
+        let forgetful = Arc::new(Streams::new(Duration::ZERO));
+        drop(
+            forgetful
+                .claim("alice", hello(id, 1, 0), wait)
+                .await
+                .unwrap(),
+        );
+        assert!(forgetful
+            .claim("mallory", hello(id, 1, 0), wait)
+            .await
+            .is_ok());
     }
 
     #[tokio::test]
