@@ -312,8 +312,10 @@ impl ClientError {
 
     /// The operation in flight may have reached the server although no acknowledgement of it
     /// could be trusted: a message from the server failed authentication (forged on the path,
-    /// replayed or corrupted). A new session is safe; sending the operation again is not, since
-    /// the server may already have it.
+    /// replayed or corrupted). A new session is safe; sending the operation again blindly is
+    /// not, since the server may already have it: the client's resume
+    /// ([`Recovery::Resume`]) asks the server instead. Only a caller that recovers on its own
+    /// ([`Recovery::Fail`]) sees this error.
     ///
     /// ```
     /// use secure_rdma::client::ClientError;
