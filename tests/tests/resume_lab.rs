@@ -115,6 +115,14 @@ impl Lab {
         format!("{server}\n{}", client.context())
     }
 
+    /// Sends the server process a signal.
+    fn signal(&self, sig: i32) {
+        match &self.server {
+            Server::Cli(s) => s.signal(sig),
+            Server::Library(s) => s.signal(sig),
+        }
+    }
+
     /// Waits until `content` was delivered `n` times.
     fn wait_delivered(&self, client: &Piped, content: &str, n: usize) {
         wait_until(
@@ -372,6 +380,13 @@ impl Resetter {
         Resetter { child, out, err }
     }
 
+    /// Waits until it has sent its first reset.
+    fn wait_reset(&self) {
+        self.out.wait_for("tcp-reset's first reset", 1, STEP, |l| {
+            l.starts_with("{\"reset\"")
+        });
+    }
+
     /// Waits for its exit (0 required); its reset and summary lines.
     fn finish(mut self) -> (Vec<Value>, Value) {
         let start = Instant::now();
@@ -422,9 +437,16 @@ fn marked_message() -> String {
 const MARK_BYTES: usize = 300;
 
 /// Issue 20, test 3: an on-path attacker resets the client's TLS connection right after the
-/// client's SEND (before the server's acknowledgement reaches it). The client resumes: the
+/// client's SEND, before the server's acknowledgement reaches it. The client resumes: the
 /// message is delivered exactly once (whether the server had delivered it before it noticed
 /// the reset or not), acknowledged once, and the client exits 0.
+///
+/// An attacker inline on the path always wins the race against the acknowledgement; `tcp-reset`
+/// sits beside the link and, under TCG, loses it (measured: the server's acknowledgement
+/// reached the client first, and the reset only ended an idle session). So the server is held
+/// (SIGSTOP) from just before the SEND until the reset is out, then let go: the interleaving
+/// the issue describes, every time. The SEND itself still lands: rxe-a's responder runs in the
+/// kernel, into receives the server posted before.
 fn reset_after_send(port: u16, via: Via) {
     let lab = Lab::start(port, via);
     // Before the client connects: it must see the connection's segments to know the client's
@@ -434,7 +456,10 @@ fn reset_after_send(port: u16, via: Via) {
     let p = client.program;
     assert_eq!(client.send_acked(ONCE_1), ack_line(p, 1, ONCE_1.len()));
     let marked = marked_message();
+    lab.signal(libc::SIGSTOP);
     client.send(&marked);
+    resetter.wait_reset();
+    lab.signal(libc::SIGCONT);
     let (resets, summary) = resetter.finish();
     client.wait_err(
         "session lost",
