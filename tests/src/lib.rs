@@ -6,8 +6,12 @@
 //! script runs them in the VM with `--include-ignored`. Inside, a missing lab
 //! is a test failure, never a skip.
 
+pub mod example;
+pub mod faults;
 pub mod inject;
+pub mod piped;
 pub mod secure;
+pub mod tcp;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -94,6 +98,24 @@ pub fn wait_with_deadline(mut child: Child, deadline: Duration, what: &str) -> O
         status,
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+/// Polls `cond` until it holds; fails the test with `context()` at the deadline.
+pub fn wait_until(
+    what: &str,
+    deadline: Duration,
+    mut cond: impl FnMut() -> bool,
+    context: impl Fn() -> String,
+) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

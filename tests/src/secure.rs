@@ -47,7 +47,15 @@ impl Default for Pki {
 
 /// Lines a child wrote, shared with the thread reading them.
 #[derive(Clone, Default)]
-pub struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
+pub struct Lines(Arc<(Mutex<Collected>, Condvar)>);
+
+/// What the reading thread has collected.
+#[derive(Default)]
+struct Collected {
+    lines: Vec<String>,
+    /// The writer closed its end (or a read failed): no more lines will come.
+    closed: bool,
+}
 
 impl Lines {
     /// Starts a thread copying `r` line by line.
@@ -55,19 +63,21 @@ impl Lines {
         let lines = Lines::default();
         let sink = lines.clone();
         std::thread::spawn(move || {
+            let (m, cv) = &*sink.0;
             for line in BufReader::new(r).lines() {
                 let Ok(line) = line else { break };
-                let (m, cv) = &*sink.0;
-                m.lock().unwrap().push(line);
+                m.lock().unwrap().lines.push(line);
                 cv.notify_all();
             }
+            m.lock().unwrap().closed = true;
+            cv.notify_all();
         });
         lines
     }
 
     /// A copy of every line so far.
     pub fn snapshot(&self) -> Vec<String> {
-        self.0 .0.lock().unwrap().clone()
+        self.0 .0.lock().unwrap().lines.clone()
     }
 
     /// Waits until `count` lines satisfy `pred`; fails the test at the deadline.
@@ -82,17 +92,33 @@ impl Lines {
         let start = Instant::now();
         let mut g = m.lock().unwrap();
         loop {
-            if g.iter().filter(|l| pred(l)).count() >= count {
+            if g.lines.iter().filter(|l| pred(l)).count() >= count {
                 return;
             }
             let left = deadline.checked_sub(start.elapsed()).unwrap_or_else(|| {
                 panic!(
                     "timed out waiting for {count} x {what}; lines:\n{}",
-                    g.join("\n")
+                    g.lines.join("\n")
                 )
             });
             g = cv.wait_timeout(g, left).unwrap().0;
         }
+    }
+
+    /// Waits until the writer closed its end, so that every line it wrote is here (a process
+    /// that exited may still have lines in the pipe); false if it had not within `deadline`
+    /// (a grandchild may hold the pipe open).
+    pub fn wait_closed(&self, deadline: Duration) -> bool {
+        let (m, cv) = &*self.0;
+        let start = Instant::now();
+        let mut g = m.lock().unwrap();
+        while !g.closed {
+            let Some(left) = deadline.checked_sub(start.elapsed()) else {
+                return false;
+            };
+            g = cv.wait_timeout(g, left).unwrap().0;
+        }
+        true
     }
 
     /// JSON log events (lines that parse as objects).
@@ -183,6 +209,30 @@ impl ServerProc {
             .filter(|e| e["message"] == message)
             .collect()
     }
+
+    /// The messages the server delivered as `kind` ("SEND received", "WRITE landed"), as
+    /// (client, seq, content) in log order.
+    pub fn delivered(&self, kind: &str) -> Vec<(String, u64, String)> {
+        self.events(kind)
+            .into_iter()
+            .map(|e| {
+                (
+                    e["client"].as_str().unwrap_or("").to_owned(),
+                    e["seq"].as_u64().unwrap_or(0),
+                    unquote(&e["content"]),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A log field rendered with `{:?}` ("\"text\"") back to the text.
+pub fn unquote(v: &Value) -> String {
+    let s = v.as_str().unwrap_or("");
+    s.strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(s)
+        .to_owned()
 }
 
 impl Drop for ServerProc {
@@ -194,11 +244,22 @@ impl Drop for ServerProc {
 
 /// A `secure-client` command for client `name` against `server`.
 pub fn client(pki: &Pki, server: &ServerProc, name: Option<&str>) -> Command {
+    client_command(pki.dir(), server.port, name, 10)
+}
+
+/// A `secure-client` command for client `name` against 10.77.0.1:`port` (any server
+/// program), each step bounded by `timeout_secs`.
+pub fn client_command(certs: &Path, port: u16, name: Option<&str>, timeout_secs: u64) -> Command {
     let mut cmd = Command::new(bin("secure-client"));
     cmd.arg(ADDR_A)
-        .args(["--port", &server.port.to_string(), "--certs"])
-        .arg(pki.dir())
-        .args(["--log-format", "json", "--timeout", "10"])
+        .args(["--port", &port.to_string(), "--certs"])
+        .arg(certs)
+        .args([
+            "--log-format",
+            "json",
+            "--timeout",
+            &timeout_secs.to_string(),
+        ])
         .env("RUST_LOG", "secure_rdma=debug");
     if let Some(n) = name {
         cmd.args(["--name", n]);

@@ -10,13 +10,13 @@
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, ADDR_A, ADDR_B};
+use secure_rdma_tests::piped::Piped as Victim;
+use secure_rdma_tests::secure::{bin, unquote, Lines, Pki, ServerProc};
+use secure_rdma_tests::{require_lab, wait_until, ADDR_A, ADDR_B};
 use serde_json::Value;
 
 /// How long one lab step may take under TCG before the test fails.
@@ -49,26 +49,6 @@ const PROTECTED: Flags<'static> = Flags {
     server: &["--telemetry", "--telemetry-interval", "1"],
     client: &["--reconnect-attempts", "20"],
 };
-
-// ------------------------------------------------------------------ waiting
-
-/// Polls `cond` until it holds; fails the test with `context()` at the deadline.
-fn wait_until(
-    what: &str,
-    deadline: Duration,
-    mut cond: impl FnMut() -> bool,
-    context: impl Fn() -> String,
-) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 // ------------------------------------------------------------------ rxe counters
 
@@ -128,123 +108,13 @@ impl Counters {
 
 // ------------------------------------------------------------------ the victim session
 
-/// A secure-client driven through its stdin.
-struct Victim {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    out: Lines,
-    err: Lines,
-}
-
-impl Victim {
-    fn start(pki: &Pki, server: &ServerProc, extra: &[&str]) -> Victim {
-        let mut cmd = client(pki, server, Some(VICTIM));
-        let mut child = cmd
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn secure-client");
-        let stdin = child.stdin.take();
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        let err = Lines::collect(child.stderr.take().expect("stderr"));
-        let v = Victim {
-            child,
-            stdin,
-            out,
-            err,
-        };
-        v.wait_out("connected", |l| l.starts_with("connected to "), 1);
-        v
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "client stdout:\n{}\nclient stderr:\n{}",
-            self.out.snapshot().join("\n"),
-            self.err.snapshot().join("\n")
-        )
-    }
-
-    /// Waits until `n` stdout lines match.
-    fn wait_out(&self, what: &str, pred: impl Fn(&str) -> bool, n: usize) {
-        wait_until(
-            &format!("client: {n} x {what}"),
-            STEP,
-            || self.out.snapshot().iter().filter(|l| pred(l)).count() >= n,
-            || self.context(),
-        );
-    }
-
-    /// Waits until the client reported an acknowledgement it never asked for (a forged
-    /// message, with payload protection off) and reconnected.
-    fn noticed_the_forgery_and_reconnected(&self) {
-        self.err.wait_for("the client noticing", 1, STEP, |l| {
-            l.contains("session lost") && l.contains("forged")
-        });
-        self.wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
-    }
-
-    /// Types a command.
-    fn command(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{line}").expect("write to secure-client");
-        stdin.flush().expect("flush secure-client stdin");
-    }
-
-    /// The acknowledgements it printed.
-    fn acks(&self) -> Vec<String> {
-        self.out
-            .snapshot()
-            .into_iter()
-            .filter(|l| l.starts_with("server acknowledged"))
-            .collect()
-    }
-
-    /// Types `send`/`write` and waits for the next acknowledgement; returns it.
-    fn op(&mut self, line: &str) -> String {
-        let n = self.acks().len() + 1;
-        self.command(line);
-        self.wait_out(
-            "acknowledgement",
-            |l| l.starts_with("server acknowledged"),
-            n,
-        );
-        self.acks().pop().expect("an acknowledgement")
-    }
-
-    /// Quits and says whether it exited 0.
-    fn quit_ok(self) -> bool {
-        let ctx = self.context();
-        let s = self.quit_status();
-        if !s.success() {
-            eprintln!("secure-client exited {s}\n{ctx}");
-        }
-        s.success()
-    }
-
-    fn quit_status(self) -> ExitStatus {
-        // Moves out of self: Drop still reaps if quit panics.
-        let mut this = self;
-        this.command("quit");
-        drop(this.stdin.take());
-        let start = Instant::now();
-        loop {
-            if let Some(s) = this.child.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(start.elapsed() < STEP, "secure-client did not quit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Victim {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Waits until the client reported an acknowledgement it never asked for (a forged message,
+/// with payload protection off) and reconnected.
+fn noticed_the_forgery_and_reconnected(victim: &Victim) {
+    victim.err.wait_for("the client noticing", 1, STEP, |l| {
+        l.contains("session lost") && l.contains("forged")
+    });
+    victim.wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
 }
 
 /// A server and its connected client.
@@ -262,7 +132,7 @@ impl Session {
         let pki = Pki::new();
         pki.clients(&[VICTIM.to_owned()]);
         let server = ServerProc::start(&pki, port, flags.server);
-        let victim = Victim::start(&pki, &server, flags.client);
+        let victim = Victim::secure_client(pki.dir(), server.port, VICTIM, 10, flags.client);
         server.log.wait_for("client connected", 1, STEP, |l| {
             l.contains("client connected")
         });
@@ -291,19 +161,7 @@ impl Session {
     /// The server's received messages of `kind` ("SEND received", "WRITE landed"), as
     /// (client, seq, content) in log order.
     fn delivered(&self, kind: &str) -> Vec<(String, u64, String)> {
-        self.server
-            .log
-            .events()
-            .into_iter()
-            .filter(|e| e["message"] == kind)
-            .map(|e| {
-                (
-                    e["client"].as_str().unwrap_or("").to_owned(),
-                    e["seq"].as_u64().unwrap_or(0),
-                    unquote(&e["content"]),
-                )
-            })
-            .collect()
+        self.server.delivered(kind)
     }
 
     /// Waits until the server delivered `content` (as `kind`), or reported the attack, or
@@ -322,15 +180,6 @@ impl Session {
         );
         self.server.log.snapshot().iter().any(|l| delivered(l))
     }
-}
-
-/// A log field rendered with `{:?}` ("\"text\"") back to the text.
-fn unquote(v: &Value) -> String {
-    let s = v.as_str().unwrap_or("");
-    s.strip_prefix('"')
-        .and_then(|s| s.strip_suffix('"'))
-        .unwrap_or(s)
-        .to_owned()
 }
 
 fn hex(v: &Value) -> u64 {
@@ -556,7 +405,7 @@ fn baseline_on_path_forged_send_is_delivered_as_the_client() {
     // acknowledgement of the *forged* message as its own. But the idle client reads its TLS
     // channel: an acknowledgement of an operation it never made means a forged message, so it
     // drops the session and reconnects, and its next messages arrive on the new session.
-    run.session.victim.noticed_the_forgery_and_reconnected();
+    noticed_the_forgery_and_reconnected(&run.session.victim);
     let (second, third) = follow_up(&mut run, "send");
     let sends = run.session.delivered("SEND received");
     let (d_a, d_b) = run.counters.since();
@@ -619,7 +468,7 @@ fn baseline_forged_write_with_immediate_lands_at_the_observed_rkey_and_address()
         (VICTIM.to_owned(), 2, FORGED_WRITE.to_owned()),
         "{writes:?}"
     );
-    run.session.victim.noticed_the_forgery_and_reconnected();
+    noticed_the_forgery_and_reconnected(&run.session.victim);
     let (second, third) = follow_up(&mut run, "write");
     let writes = run.session.delivered("WRITE landed");
     let (d_a, d_b) = run.counters.since();
@@ -984,13 +833,20 @@ impl Session {
         });
         self.victim
             .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+        // It resumed its stream: every operation before the forgery was acknowledged, so
+        // nothing was learned while away and nothing is sent again (issue 20).
+        self.victim.err.wait_for("the resume line", 1, STEP, |l| {
+            l.starts_with("secure-client: resumed stream ")
+                && l.ends_with(": 0 acknowledged while away, 0 sent again")
+        });
     }
 }
 
 /// Issue 11, tests 2 and 4: an on-path forgery (`inject`) after one genuine `verb` ("send" or
 /// "write"), with payload protection on. Nothing forged is delivered, the server reacts in full
-/// ([`Session::rejected_and_recovered`]), and the client's next `verb` is delivered as the first
-/// operation of its new session.
+/// ([`Session::rejected_and_recovered`]), and the client's next `verb` is delivered on its new
+/// session as the stream's second operation (issue 20: acknowledgements are numbered by the
+/// client's stream, which the new session resumes).
 fn forged_and_rejected(port: u16, verb: &str, inject: [&str; 2], opcode: &str) -> OnPath {
     let genuine = format!("genuine {verb} of the client");
     let mut run = on_path(port, PROTECTED, &format!("{verb} {genuine}"), inject);
@@ -1006,7 +862,7 @@ fn forged_and_rejected(port: u16, verb: &str, inject: [&str; 2], opcode: &str) -
     assert_eq!(
         ack,
         format!(
-            "server acknowledged {verb} #1: {} bytes",
+            "server acknowledged {verb} #2: {} bytes",
             "after the forgery".len()
         )
     );
@@ -1181,9 +1037,12 @@ fn baseline_forged_acknowledgement_is_believed_by_the_client() {
     assert!(s.victim.quit_ok());
 }
 
+/// Issue 20, test 4 (issue 11's forged acknowledgement, once exit 8 "may have reached the
+/// server: not sent again"): the client resumes its stream and learns the command's fate from
+/// the server, so the application sees every acknowledgement once and exits 0.
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
-fn protected_forged_acknowledgement_fails_authentication_and_nothing_is_sent_twice() {
+fn protected_forged_acknowledgement_fails_authentication_and_the_client_resumes_exactly_once() {
     let flags = Flags {
         server: PROTECTED.server,
         client: &["--reconnect-attempts", "20", "--rdma-acks"],
@@ -1191,31 +1050,68 @@ fn protected_forged_acknowledgement_fails_authentication_and_nothing_is_sent_twi
     let (mut s, _report, first) = forged_ack_attack(4569, flags);
     assert_eq!(first, "server acknowledged send #1: 18 bytes");
     // The forged record does not open under the server's payload key: the client drops the
-    // session and opens a new one, and, since the server may already have the command (it
-    // does), does not send it again.
+    // session and resumes its stream on a new one. The server already has the second send (the
+    // forgery took the PSN of its real acknowledgement): it answers the resume with that
+    // acknowledgement instead of delivering it again.
     s.victim.command("send second genuine send");
     s.victim.err.wait_for("the client noticing", 1, STEP, |l| {
         l.contains("session lost") && l.contains("failed authentication")
     });
-    s.victim.err.wait_for("no resend", 1, STEP, |l| {
-        l.contains("may have reached the server: not sent again")
-    });
     s.victim
         .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+    s.victim.err.wait_for("the resume line", 1, STEP, |l| {
+        l.starts_with("secure-client: resumed stream ")
+    });
+    s.victim.wait_out(
+        "the second acknowledgement",
+        |l| l.starts_with("server acknowledged"),
+        2,
+    );
     let third = s.victim.op("send third genuine send");
-    assert_eq!(third, "server acknowledged send #1: 18 bytes");
+    // Numbered by the stream: the new session goes on from the old one.
+    assert_eq!(third, "server acknowledged send #3: 18 bytes");
     let delivered: Vec<String> = s
         .delivered("SEND received")
         .into_iter()
         .map(|d| d.2)
         .collect();
     let acks = s.victim.acks();
-    eprintln!("protected forged ack: client acks {acks:?}; server got {delivered:?}");
+    let resumed: Vec<String> = s
+        .victim
+        .said()
+        .into_iter()
+        .filter(|l| l.starts_with("resumed stream "))
+        .collect();
+    eprintln!(
+        "protected forged ack: client acks {acks:?}, said {resumed:?}; server got {delivered:?}"
+    );
     assert!(
         !acks
             .iter()
             .any(|a| a.contains(&FORGED_ACK_BYTES.to_string())),
         "{acks:?}"
+    );
+    // Each genuine send acknowledged once, with what the server really received.
+    assert_eq!(
+        acks,
+        [
+            "server acknowledged send #1: 18 bytes",
+            "server acknowledged send #2: 19 bytes",
+            "server acknowledged send #3: 18 bytes",
+        ]
+    );
+    // One resume; the second send's fate came from the server (acknowledged while away) or,
+    // had the client noticed the forgery before sending it, it went out on the new session.
+    assert_eq!(resumed.len(), 1, "{}", s.context());
+    assert!(
+        resumed[0].ends_with(": 1 acknowledged while away, 0 sent again")
+            || resumed[0].ends_with(": 0 acknowledged while away, 0 sent again"),
+        "{resumed:?}"
+    );
+    assert!(
+        !s.victim.said().iter().any(|l| l.contains("not sent again")),
+        "{}",
+        s.context()
     );
     // Every genuine send arrived exactly once.
     assert_eq!(
@@ -1226,7 +1122,7 @@ fn protected_forged_acknowledgement_fails_authentication_and_nothing_is_sent_twi
             "third genuine send"
         ]
     );
-    // One command's fate was unknown to the client: its exit status says so (8, protocol).
+    // Every command's fate is known: exit 0.
     let status = s.victim.quit_status();
-    assert_eq!(status.code(), Some(8), "{status}");
+    assert_eq!(status.code(), Some(0), "{status}");
 }

@@ -6,25 +6,15 @@
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does; it
 //! builds the examples with `cargo build --examples`).
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use secure_rdma::server::render;
-use secure_rdma_tests::secure::{Lines, Pki};
-use secure_rdma_tests::{bin_dir, require_lab, spawn, text, wait_with_deadline, ADDR_A};
+use secure_rdma_tests::example::{example, MessageServer};
+use secure_rdma_tests::secure::Pki;
+use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, ADDR_A};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 const PORT: u16 = 4801;
-
-fn example(name: &str) -> Command {
-    let path = bin_dir().join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} missing: build the examples first (cargo build -p secure-rdma --examples)",
-        path.display()
-    );
-    Command::new(path)
-}
 
 /// Runs `message_client` as `name` with these arguments; its stdout.
 fn client(pki: &Pki, name: &str, args: &[&str]) -> String {
@@ -59,20 +49,8 @@ fn the_example_server_application_gets_exactly_what_the_example_clients_sent() {
     require_lab();
     let pki = Pki::new();
     pki.clients(&["alice".to_owned(), "bob".to_owned()]);
-    let mut server = example("message_server")
-        .args(["--listen", &format!("{ADDR_A}:{PORT}"), "--capacity", "2"])
-        .arg("--certs")
-        .arg(pki.dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn message_server");
-    let out = Lines::collect(server.stdout.take().expect("stdout"));
-    let err = Lines::collect(server.stderr.take().expect("stderr"));
-    out.wait_for("listening line", 1, DEADLINE, |l| {
-        l.starts_with("message_server listening on ")
-    });
+    let mut server = MessageServer::start(pki.dir(), PORT, &["--capacity", "2"]);
+    let out = server.out.clone();
 
     // More messages than the channel holds: the sessions wait for the application, none is lost.
     let alice = [
@@ -102,13 +80,12 @@ fn the_example_server_application_gets_exactly_what_the_example_clients_sent() {
     });
 
     // SIGTERM: the server stops, the application's loop ends and prints its counts.
-    // SAFETY: plain kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
-    let status = wait_with_deadline(server, DEADLINE, "message_server").status;
+    server.signal(libc::SIGTERM);
+    let status = server.wait();
     assert!(
         status.success(),
         "message_server: {status}; stderr:\n{}",
-        err.snapshot().join("\n")
+        server.err.snapshot().join("\n")
     );
     let lines = out.snapshot();
     let deliveries: Vec<&String> = lines

@@ -1,0 +1,118 @@
+//! Faults without an attacker in the lab VM: packets dropped by an nftables rule.
+//!
+//! The server and the client share one kernel, but the lab's policy routing sends what one
+//! address sends the other out of its veth (`scripts/softroce-vm.sh`): the server's packets to
+//! 10.77.0.2 leave through `veth-a`, so the `output` hook sees them with the server's source
+//! port, exactly as on a server host.
+
+use std::process::{Command, Stdio};
+
+use crate::text;
+
+/// A drop rule in a table of its own, removed when dropped (a failing test leaves no rule
+/// behind to break the next one).
+pub struct NftDrop {
+    table: String,
+}
+
+impl NftDrop {
+    /// Drops the packets this host sends that match `matches` (nft syntax, e.g.
+    /// `ip daddr 10.77.0.2 tcp sport 4700`), counting them. `table` names the rule's table
+    /// (`inet TABLE`); one per test, so that tests never remove each other's rules.
+    pub fn output(table: &str, matches: &str) -> NftDrop {
+        // A table of that name left by an earlier run would hold an older rule: start clean.
+        let _ = nft(&["delete", "table", "inet", table]);
+        let script = format!(
+            "table inet {table} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    {matches} counter drop\n  }}\n}}\n"
+        );
+        let out = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                if let Some(mut stdin) = c.stdin.take() {
+                    stdin.write_all(script.as_bytes())?;
+                }
+                c.wait_with_output()
+            })
+            .unwrap_or_else(|e| panic!("running nft (is nftables installed?): {e}"));
+        assert!(
+            out.status.success(),
+            "nft -f refused\n{script}\n{}",
+            text(&out.stderr)
+        );
+        NftDrop {
+            table: table.to_owned(),
+        }
+    }
+
+    /// Packets dropped so far.
+    pub fn dropped(&self) -> u64 {
+        let listing = nft(&["list", "table", "inet", &self.table])
+            .unwrap_or_else(|e| panic!("nft list table inet {}: {e}", self.table));
+        listing
+            .lines()
+            .find(|l| l.contains(" drop"))
+            .and_then(|rule| {
+                let words: Vec<&str> = rule.split_whitespace().collect();
+                let i = words.iter().position(|w| *w == "packets")?;
+                words.get(i + 1)?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no drop rule with a counter in:\n{listing}"))
+    }
+
+    /// Removes the rule now; what it dropped.
+    pub fn remove(self) -> u64 {
+        let n = self.dropped();
+        nft(&["delete", "table", "inet", &self.table])
+            .unwrap_or_else(|e| panic!("nft delete table inet {}: {e}", self.table));
+        n
+    }
+}
+
+impl Drop for NftDrop {
+    fn drop(&mut self) {
+        // Already gone after remove(): nothing to do, so the error is expected.
+        let _ = nft(&["delete", "table", "inet", &self.table]);
+    }
+}
+
+/// Runs `nft ARGS`; its stdout, or its stderr as the error.
+fn nft(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("nft")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running nft: {e}"))?;
+    if out.status.success() {
+        Ok(text(&out.stdout))
+    } else {
+        Err(text(&out.stderr))
+    }
+}
+
+/// The client ports of the established TCP connections to `server_port` on this host, from
+/// the server side's sockets (`ss`): which connection a rule should cut.
+pub fn peer_ports(server_port: u16, peer: &str) -> Vec<u16> {
+    let out = Command::new("ss")
+        .args([
+            "-Htn",
+            "state",
+            "established",
+            &format!("sport = :{server_port}"),
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("running ss: {e}"));
+    assert!(out.status.success(), "ss: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            // Recv-Q Send-Q Local:Port Peer:Port (the state column is left out with `state`).
+            let peer_col = l.split_whitespace().nth(3)?;
+            let (ip, port) = peer_col.rsplit_once(':')?;
+            (ip == peer).then(|| port.parse().ok()).flatten()
+        })
+        .collect()
+}
