@@ -439,10 +439,12 @@ async fn connect(cfg: &ClientConfig, backoff: Backoff) -> Result<Client, ClientE
 }
 
 fn protection(client: &Client) -> String {
-    client
-        .session()
-        .cipher()
-        .map_or("OFF (payloads in clear)".to_owned(), |c| c.to_string())
+    protection_of(client.session().cipher())
+}
+
+/// How the connection lines name the payload protection.
+fn protection_of(cipher: Option<secure_rdma::protect::Cipher>) -> String {
+    cipher.map_or("OFF (payloads in clear)".to_owned(), |c| c.to_string())
 }
 
 /// Prints each step of the library's recoveries as it happens: the loss and the retries on
@@ -463,7 +465,11 @@ fn report_recoveries(client: &mut Client, cfg: &ClientConfig) {
             delay.as_millis()
         ),
         Recovering::Recovered(ev) => {
-            println!("reconnected to {host}:{port}");
+            let protection = protection_of(ev.cipher);
+            println!(
+                "reconnected to {host}:{port} as {} (payload protection {protection})",
+                ev.identity
+            );
             match ev.outcome {
                 ResumeOutcome::Resumed { acknowledged } => eprintln!(
                     "secure-client: resumed stream {}: {acknowledged} acknowledged while away, {} sent again",

@@ -79,6 +79,10 @@ pub struct ResumeEvent {
     pub attempts: u32,
     /// From the loss to the new session's answer.
     pub took: Duration,
+    /// The identity the server authenticated on the new session.
+    pub identity: String,
+    /// The new session's payload cipher (`None`: payloads in clear).
+    pub cipher: Option<crate::protect::Cipher>,
 }
 
 /// What a recovery is doing, as it happens ([`Client::on_recovery`]).
@@ -475,6 +479,8 @@ impl Client {
                         stream: self.stream,
                         attempts,
                         took: lost.elapsed(),
+                        identity: self.identity.clone(),
+                        cipher: self.link.session.cipher(),
                     };
                     self.tell(Recovering::Recovered(&event));
                     return Ok(event);
