@@ -8,6 +8,7 @@
 
 pub mod inject;
 pub mod secure;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
