@@ -69,13 +69,23 @@ pub struct StreamSummary {
     pub sent: u64,
     /// Acknowledgements the application received, in order and each once.
     pub acknowledged: u64,
+    /// Sessions the library lost (each noticed once).
+    pub losses: u64,
     /// Resumes the library made (lost sessions it recovered from).
     pub resumes: u64,
+    /// Acknowledgements the library learned from the server's resume answers: operations
+    /// delivered while their acknowledgement was lost.
+    pub acknowledged_while_away: u64,
+    /// Operations the library sent again on a new session.
+    pub resent: u64,
+    /// How long each recovery took, from the loss to the new session's answer, in ms (the
+    /// library's own measure).
+    pub resume_took_ms: Stats,
     /// What the library said of each resume (its events, as Debug text).
     pub resume_events: Vec<String>,
     /// Operations the client had in flight when each resume was noticed: the most of them.
     pub in_flight_at_resume_max: u64,
-    /// From the last acknowledgement before each resume to the first one after it, in ms.
+    /// From each session loss to the first acknowledgement handed back after it, in ms.
     pub recovery_ms: Stats,
     /// The longest gap between two acknowledgements outside any resume, in ms.
     pub longest_other_gap_ms: f64,

@@ -110,7 +110,10 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
             "rule_held_ms": rule_held.as_millis() as u64,
             "packets_dropped": dropped,
             "delivered_while_acks_dropped": delivered_unacknowledged,
+            "losses": s.losses,
             "resumes": s.resumes,
+            "acknowledged_while_away": s.acknowledged_while_away,
+            "resent": s.resent,
             "sessions": server.sessions(),
             "recovery_ms": {"p50": s.recovery_ms.p50, "p99": s.recovery_ms.p99, "max": s.recovery_ms.max},
             "resume_events": s.resume_events,
@@ -130,6 +133,8 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
     );
     assert!(s.resumes >= 1, "{}", out.summary_line);
     assert!(server.sessions() >= 2, "{}", server.context());
+    // What the server delivered and could not acknowledge came back with its resume answer.
+    assert!(s.acknowledged_while_away >= 1, "{}", out.summary_line);
 }
 
 // ------------------------------------------------------------------ test 5
@@ -277,7 +282,11 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             "injected": injected.len(),
             "sessions_aimed_at": qpns.len(),
             "landed": landed,
+            "losses": s.losses,
             "resumes": s.resumes,
+            "acknowledged_while_away": s.acknowledged_while_away,
+            "resent": s.resent,
+            "resume_took_ms": {"p50": s.resume_took_ms.p50, "p99": s.resume_took_ms.p99, "max": s.resume_took_ms.max},
             "in_flight_at_resume_max": s.in_flight_at_resume_max,
             "recovery_ms": {"p50": s.recovery_ms.p50, "p99": s.recovery_ms.p99, "max": s.recovery_ms.max},
             "throughput_per_s": s.throughput_per_s,
@@ -352,6 +361,7 @@ fn loss_duplication_and_reordering_on_the_link_still_deliver_every_operation_onc
             "ops": OPS,
             "elapsed_s": s.elapsed_s,
             "throughput_per_s": s.throughput_per_s,
+            "losses": s.losses,
             "resumes": s.resumes,
             "sessions": server.sessions(),
             "recovery_ms": {"p50": s.recovery_ms.p50, "p99": s.recovery_ms.p99, "max": s.recovery_ms.max},
