@@ -291,7 +291,7 @@ impl MessageServer {
 
     /// RDMA messages that failed authentication (each tears its session down).
     pub fn auth_failures(&self) -> usize {
-        self.log_count("failed authentication")
+        self.log_count("failed authentication (forged, replayed or corrupted); tearing")
     }
 
     /// Its stderr and the last stdout lines, for failure messages.

@@ -159,6 +159,7 @@ struct Injection {
     qpn: Option<u64>,
     /// How long the run took.
     took: Duration,
+    /// What it said on stderr.
     stderr: String,
 }
 
@@ -298,13 +299,19 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
     );
     assert!(
         unexpected.is_empty(),
-        "rdma-inject failed: {:#?}",
+        "rdma-inject failed: {}",
         unexpected
+            .iter()
+            .map(|i| format!("exit {:?}: {}", i.code, i.stderr))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // Each injection that landed killed one session, and each lost session is one resume.
     assert!(
         landed >= 10,
-        "only {landed} forgeries landed: {injections:#?}"
+        "only {landed} of {} forgeries landed\n{}",
+        injected.len(),
+        server.context()
     );
     assert!(
         s.resumes.abs_diff(landed) <= 1 + landed / 10,
