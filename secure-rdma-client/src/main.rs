@@ -13,8 +13,10 @@ use clap::Parser;
 use rdma_cli::choices::CipherChoice;
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::client::{
-    connect_with_retry, Backoff, Client, ClientConfig, ClientError, Connector,
+    connect_with_retry, Backoff, Client, ClientConfig, ClientError, Connector, Recovering,
+    Recovery, ResumeOutcome,
 };
+use secure_rdma::datapath::AckStatus;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines, Stdin};
 
 use errors::{exit_code, Shown};
@@ -44,8 +46,13 @@ use prompt::{InputError, Prompt};
 /// Every payload is sealed with an AEAD (AES-256-GCM or ChaCha20-Poly1305,
 /// keys from the TLS session): an on-path attacker can neither read nor forge
 /// nor replay messages. If the session is lost (the server detected a forged
-/// message and tore it down, or restarted), the client reconnects with
-/// exponential backoff and jitter and resends the command that was cut off.
+/// message and tore it down, a reset connection, an acknowledgement that never
+/// came, a server restart), the client reconnects with exponential backoff and
+/// jitter and resumes its operation stream: the server says what it already
+/// delivered, and only the rest is sent again, so every command is delivered
+/// exactly once (a restarted server, which remembers nothing, gets the
+/// unacknowledged commands again flagged as possibly delivered). Each resume
+/// is reported on stderr.
 ///
 /// Exit codes: 0 ok, 1 bad command or other error, 2 usage, 3 rejected by the
 /// server (e.g. server full; or the server has no RDMA device, with the fix it
@@ -113,8 +120,13 @@ struct Cli {
     #[arg(long)]
     rdma_acks: bool,
     /// Do not reconnect when the session is lost; exit with code 8 instead
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_resume")]
     no_reconnect: bool,
+    /// After a lost session, reconnect with a new operation stream and send every
+    /// unacknowledged command again (at least once: a command whose acknowledgement was lost is
+    /// delivered twice), instead of resuming the stream (exactly once). For comparison
+    #[arg(long)]
+    no_resume: bool,
     /// Reconnection attempts after a lost session (exponential backoff from 200 ms to 5 s,
     /// with jitter)
     #[arg(long, value_name = "N", default_value_t = 6)]
@@ -204,20 +216,33 @@ async fn run(cli: Cli) -> i32 {
         return run_bench(cfg, b).await;
     }
     let backoff = Backoff {
+        attempts: cli.reconnect_attempts,
+        ..Backoff::default()
+    };
+    let recovery = if cli.no_reconnect {
+        Recovery::Fail
+    } else if cli.no_resume {
+        Recovery::Resend
+    } else {
+        Recovery::Resume
+    };
+    let cfg = cfg.with_recovery(recovery).with_backoff(backoff);
+    let first = Backoff {
         attempts: if cli.no_reconnect {
             0
         } else {
-            cli.reconnect_attempts
+            backoff.attempts
         },
-        ..Backoff::default()
+        ..backoff
     };
-    let mut client = match connect(&cfg, backoff, false).await {
+    let mut client = match connect(&cfg, first).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("secure-client: {}", Shown(&e));
             return exit_code(&e);
         }
     };
+    report_recoveries(&mut client, &cfg);
 
     let interactive = cli.exec.is_empty() && std::io::stdin().is_terminal();
     let mut input = Input::new(interactive);
@@ -257,17 +282,15 @@ async fn run(cli: Cli) -> i32 {
                     Ok(Some(reason)) => reason.to_string(),
                     Err(e) => Shown(&e).to_string(),
                 };
-                eprintln!("secure-client: session lost: {why}");
-                if backoff.attempts == 0 {
+                if cli.no_reconnect {
+                    eprintln!("secure-client: session lost: {why}");
                     return 8;
                 }
-                client = match connect(&cfg, backoff, true).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        eprintln!("secure-client: {}", Shown(&e));
-                        return exit_code(&e);
-                    }
-                };
+                // The library resumes the stream (reporting it through the observer).
+                if let Err(e) = client.reconnect(&why).await {
+                    eprintln!("secure-client: {}", Shown(&e));
+                    return exit_code(&e);
+                }
                 continue;
             }
         };
@@ -283,57 +306,28 @@ async fn run(cli: Cli) -> i32 {
                 continue;
             }
         };
-        let mut resent = false;
-        let result = loop {
-            let result = match cmd {
-                Cmd::Help => {
-                    println!("{HELP}");
-                    break None;
-                }
-                Cmd::Quit => break Some(Err(None)),
-                Cmd::Send(msg) => client.send(msg.as_bytes()).await,
-                Cmd::Write(data) => client.write(data.as_bytes()).await,
-            };
-            match result {
-                // No acknowledgement could be trusted (a message from the server failed
-                // authentication: forged on the path, say), so whether the server has the command
-                // is unknown: a new session, but the command is not sent twice. The exit status
-                // says that one command's fate is unknown.
-                Err(e) if e.delivery_unknown() && backoff.attempts > 0 => {
-                    eprintln!("secure-client: session lost: {}", Shown(&e));
-                    eprintln!(
-                        "secure-client: the interrupted command may have reached the server: not sent again"
-                    );
-                    status = exit_code(&e);
-                    client = match connect(&cfg, backoff, true).await {
-                        Ok(c) => c,
-                        Err(e) => break Some(Err(Some(e))),
-                    };
-                    break None;
-                }
-                // The server never acknowledged this command and the session is gone: it was not
-                // delivered (a server that tears a session down delivers nothing after it), so
-                // send it again on a new session, once.
-                Err(e) if e.is_session_lost() && backoff.attempts > 0 && !resent => {
-                    eprintln!("secure-client: session lost: {}", Shown(&e));
-                    client = match connect(&cfg, backoff, true).await {
-                        Ok(c) => c,
-                        Err(e) => break Some(Err(Some(e))),
-                    };
-                    eprintln!("secure-client: sending the interrupted command again");
-                    resent = true;
-                }
-                other => break Some(other.map_err(Some)),
+        // A lost session is recovered inside the library (its stream resumed, the command sent
+        // again only if the server does not have it): what comes back is this command's one
+        // acknowledgement, or an error no reconnection can fix.
+        let result = match cmd {
+            Cmd::Help => {
+                println!("{HELP}");
+                continue;
             }
+            Cmd::Quit => break,
+            Cmd::Send(msg) => client.send(msg.as_bytes()).await,
+            Cmd::Write(data) => client.write(data.as_bytes()).await,
         };
         match result {
-            None => {}
-            Some(Err(None)) => break,
-            Some(Ok(ack)) => println!(
+            Ok(ack) if ack.status == AckStatus::Refused => {
+                println!("server refused {} #{}", ack.op, ack.seq);
+                status = 1;
+            }
+            Ok(ack) => println!(
                 "server acknowledged {} #{}: {} bytes",
                 ack.op, ack.seq, ack.bytes
             ),
-            Some(Err(Some(e))) => {
+            Err(e) => {
                 eprintln!("secure-client: {}", Shown(&e));
                 return exit_code(&e);
             }
@@ -418,9 +412,8 @@ enum Next {
     Closed(Result<Option<secure_rdma::datapath::AbortReason>, ClientError>),
 }
 
-/// Connects (or reconnects), logging each failed attempt and the backoff; prints the
-/// connection line the first time and a shorter one on reconnection.
-async fn connect(cfg: &ClientConfig, backoff: Backoff, again: bool) -> Result<Client, ClientError> {
+/// Connects, logging each failed attempt and the backoff; prints the connection line.
+async fn connect(cfg: &ClientConfig, backoff: Backoff) -> Result<Client, ClientError> {
     let client = connect_with_retry(cfg, backoff, |attempt, err, delay| {
         eprintln!(
             "secure-client: connection attempt {attempt} of {} failed: {}; retrying in {} ms",
@@ -430,31 +423,65 @@ async fn connect(cfg: &ClientConfig, backoff: Backoff, again: bool) -> Result<Cl
         );
     })
     .await?;
-    let protection = client
-        .session()
-        .cipher()
-        .map_or("OFF (payloads in clear)".to_owned(), |c| c.to_string());
     let w = *client.session().wiring();
     tracing::debug!(qpn = %w.local.qpn, server_qpn = %w.remote.qpn, "RDMA wiring");
-    if again {
-        println!(
-            "reconnected to {}:{} as {} (payload protection {protection})",
-            cfg.host,
-            cfg.port,
-            client.identity()
-        );
-    } else {
-        println!(
-            "connected to {}:{} as {} (device {}, GID {}; max {} bytes; payload protection {protection})",
-            cfg.host,
-            cfg.port,
-            client.identity(),
-            client.device(),
-            w.local.gid,
-            client.session().max_len()
-        );
-    }
+    println!(
+        "connected to {}:{} as {} (device {}, GID {}; max {} bytes; payload protection {})",
+        cfg.host,
+        cfg.port,
+        client.identity(),
+        client.device(),
+        w.local.gid,
+        client.session().max_len(),
+        protection(&client)
+    );
     Ok(client)
+}
+
+fn protection(client: &Client) -> String {
+    client
+        .session()
+        .cipher()
+        .map_or("OFF (payloads in clear)".to_owned(), |c| c.to_string())
+}
+
+/// Prints each step of the library's recoveries as it happens: the loss and the retries on
+/// stderr, the new session on stdout (as the first connection's line) and what the server knew
+/// of the stream on stderr.
+fn report_recoveries(client: &mut Client, cfg: &ClientConfig) {
+    let (host, port) = (cfg.host.clone(), cfg.port);
+    let attempts = cfg.backoff.attempts + 1;
+    client.on_recovery(move |step| match step {
+        Recovering::Lost { cause } => eprintln!("secure-client: session lost: {cause}"),
+        Recovering::Retrying {
+            attempt,
+            error,
+            delay,
+        } => eprintln!(
+            "secure-client: connection attempt {attempt} of {attempts} failed: {}; retrying in {} ms",
+            Shown(error),
+            delay.as_millis()
+        ),
+        Recovering::Recovered(ev) => {
+            println!("reconnected to {host}:{port}");
+            match ev.outcome {
+                ResumeOutcome::Resumed { acknowledged } => eprintln!(
+                    "secure-client: resumed stream {}: {acknowledged} acknowledged while away, {} sent again",
+                    ev.stream.short(),
+                    ev.resent
+                ),
+                ResumeOutcome::Expired => eprintln!(
+                    "secure-client: stream expired on the server: {} operations sent again, flagged as possibly delivered",
+                    ev.resent
+                ),
+                _ => eprintln!(
+                    "secure-client: reconnected without resume: {} operations sent again",
+                    ev.resent
+                ),
+            }
+        }
+        _ => {}
+    });
 }
 
 #[cfg(test)]

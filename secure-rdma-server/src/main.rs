@@ -147,7 +147,12 @@ struct Opts {
     /// End sessions older than this many seconds (clients reconnect) [default: no limit]
     #[arg(long, value_name = "SECONDS")]
     max_session_lifetime: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime)
+    /// Remember each client's operation stream this long after its session ends, so a client
+    /// that reconnects within it resumes exactly where its commands were delivered (nothing lost,
+    /// nothing twice); 0 remembers nothing [default: 120]
+    #[arg(long, value_name = "SECONDS")]
+    resume_window: Option<u64>,
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -402,7 +407,10 @@ async fn serve(flags: Opts) -> Result<()> {
         .with_protection(protection)
         .with_allow_gid_mismatch(allow_gid_mismatch)
         .with_limits(limits)
-        .with_poll(flags.poll.or(file.poll).unwrap_or_default());
+        .with_poll(flags.poll.or(file.poll).unwrap_or_default())
+        .with_resume_window(Duration::from_secs(
+            flags.resume_window.or(file.resume_window).unwrap_or(120),
+        ));
     // The server's counts, shared with telemetry (started before the server binds).
     let server_metrics = ServerMetrics::default();
     if config.protection.ciphers.is_empty() {

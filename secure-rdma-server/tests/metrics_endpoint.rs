@@ -3,10 +3,11 @@
 //! server's own counts need no eBPF). `scripts/test.sh` runs it in both builds, the default
 //! one and `--no-default-features`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
 
 /// The value of `field` in a JSON log line whose message is `message`.
 fn logged(line: &str, message: &str, field: &str) -> Option<String> {
@@ -40,37 +41,14 @@ fn scrape(addr: &str) -> String {
 
 #[test]
 fn metrics_serve_the_server_metrics_and_a_report_with_or_without_ebpf() {
-    let dir = tempfile::tempdir().unwrap();
-    secure_rdma::certs::init(&dir.path().join("certs"), &["localhost".to_owned()]).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-            "--telemetry-interval",
-            "1",
-            "--limit",
-            "QP_COUNT=3",
-            "--log-format",
-            "json",
-            "--certs",
-        ])
-        .arg(dir.path().join("certs"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn secure-server");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut child, rx, _certs) = common::spawn_logging_server(&[
+        "--metrics",
+        "127.0.0.1:0",
+        "--telemetry-interval",
+        "1",
+        "--limit",
+        "QP_COUNT=3",
+    ]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let (mut addr, mut reported) = (None, false);
     while !(addr.is_some() && reported) && Instant::now() < deadline {

@@ -3,42 +3,19 @@
 //! the eBPF side is tested instead (tests/tests/monitor_lab.rs). A build without the
 //! `telemetry` feature falls back the same way.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
 
 #[test]
 fn telemetry_falls_back_to_in_process_counts_with_a_warning() {
-    let dir = tempfile::tempdir().unwrap();
-    secure_rdma::certs::init(&dir.path().join("certs"), &["localhost".to_owned()]).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--telemetry",
-            "--telemetry-interval",
-            "1",
-            "--limit",
-            "QP_COUNT=3",
-            "--log-format",
-            "json",
-            "--certs",
-        ])
-        .arg(dir.path().join("certs"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn secure-server");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut child, rx, _certs) = common::spawn_logging_server(&[
+        "--telemetry",
+        "--telemetry-interval",
+        "1",
+        "--limit",
+        "QP_COUNT=3",
+    ]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut fell_back = false;
     let mut report = None;

@@ -9,11 +9,18 @@
 //! Deliveries come through a bounded channel: while the loop below is
 //! behind by `--capacity` messages, the sessions wait and so do their
 //! clients' acknowledgements (backpressure, no unbounded queue).
+//!
+//! With `--persist FILE` it keeps, per client identity and operation stream,
+//! the last sequence it took (written and fsynced before the delivery is
+//! acknowledged), and skips a delivery it already has: the library delivers
+//! each operation once while the server runs, and this makes it once across a
+//! restart too, where a client sends its unacknowledged operations again
+//! flagged as possibly delivered. `--ids` prints each delivery's sequence.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use secure_rdma::server::{render, Delivery, Server, ServerConfig};
@@ -30,6 +37,63 @@ struct Args {
     /// Deliveries waiting for this program before clients are held back
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     capacity: u16,
+    /// Keep the last sequence taken per client stream in FILE, and skip what it already has
+    /// (exactly once across a restart)
+    #[arg(long, value_name = "FILE")]
+    persist: Option<PathBuf>,
+    /// Print each delivery's stream sequence: `identity #SEQ: "content"`
+    #[arg(long)]
+    ids: bool,
+}
+
+/// The last sequence taken per (identity, stream), kept in a file: one line
+/// `IDENTITY STREAM SEQ` per stream, rewritten and fsynced on every change.
+struct Taken {
+    path: PathBuf,
+    last: BTreeMap<(String, String), u64>,
+}
+
+impl Taken {
+    fn load(path: &Path) -> std::io::Result<Taken> {
+        let mut last = BTreeMap::new();
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                for line in text.lines() {
+                    let mut f = line.split_whitespace();
+                    if let (Some(who), Some(stream), Some(Ok(seq))) =
+                        (f.next(), f.next(), f.next().map(str::parse::<u64>))
+                    {
+                        last.insert((who.to_owned(), stream.to_owned()), seq);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Taken {
+            path: path.to_owned(),
+            last,
+        })
+    }
+
+    /// Whether `d` is new; if so it is recorded (on disk) before returning.
+    fn take(&mut self, d: &Delivery) -> std::io::Result<bool> {
+        let key = (d.identity().to_owned(), d.stream.to_string());
+        if self.last.get(&key).is_some_and(|&last| d.seq <= last) {
+            return Ok(false);
+        }
+        self.last.insert(key, d.seq);
+        // Written whole to a temporary file, fsynced, then renamed over: a crash leaves the old
+        // or the new state, never half of one.
+        let tmp = self.path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        for ((who, stream), seq) in &self.last {
+            writeln!(f, "{who} {stream} {seq}")?;
+        }
+        f.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        Ok(true)
+    }
 }
 
 #[tokio::main]
@@ -42,6 +106,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    let mut taken = match &args.persist {
+        Some(path) => Some(Taken::load(path)?),
+        None => None,
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Delivery>(usize::from(args.capacity));
     let server = Server::bind(ServerConfig::new(args.listen, &args.certs))
         .await?
@@ -53,7 +121,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut counts: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     // Ends once the server has stopped: it held the only sender.
     while let Some(d) = rx.recv().await {
-        println!("{}: {}", d.identity(), render(d.data()));
+        if let Some(taken) = taken.as_mut() {
+            if !taken.take(&d)? {
+                println!("{}: skipped duplicate #{}", d.identity(), d.seq);
+                std::io::stdout().flush()?;
+                continue;
+            }
+        }
+        match (args.ids, d.possibly_delivered) {
+            (false, _) => println!("{}: {}", d.identity(), render(d.data())),
+            (true, false) => println!("{} #{}: {}", d.identity(), d.seq, render(d.data())),
+            (true, true) => println!(
+                "{} #{}: {} (possibly delivered)",
+                d.identity(),
+                d.seq,
+                render(d.data())
+            ),
+        }
         // Flushed per line so whoever reads a pipe sees each message as it comes.
         std::io::stdout().flush()?;
         let c = counts.entry(d.identity().to_owned()).or_default();

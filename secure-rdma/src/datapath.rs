@@ -7,6 +7,11 @@
 //!   over TLS (the control channel's `ack` message), or, on the streaming
 //!   data path, as the 13-byte record of [`Ack::encode`] SENT back over RDMA,
 //!   sealed like any payload.
+//! - Every operation has an identity that outlives its session: the client's
+//!   [`StreamId`], drawn once and kept across reconnects, and the operation's
+//!   sequence in that stream (1, 2, 3, … across sessions). A reconnecting
+//!   client resumes its stream ([`crate::handshake`]'s resume exchange), so a
+//!   lost session neither loses nor duplicates an operation.
 //! - The client ends the session with a bye ([`ClientRequest::Bye`]); either
 //!   side may end it on its own with an abort that says why ([`AbortReason`]).
 //!
@@ -16,6 +21,99 @@
 //! `expect_close`, `expect_client_request`) are in [`crate::session`].
 
 use serde::{Deserialize, Serialize};
+
+/// A client's operation stream: a random 128-bit id drawn once and kept across
+/// reconnects. With an operation's sequence it is the operation's identity
+/// (the application's idempotency key), and it is bound into every sealed
+/// message's authenticated data ([`crate::protect`]).
+///
+/// ```
+/// use secure_rdma::datapath::StreamId;
+///
+/// let id = StreamId::random();
+/// assert_ne!(id, StreamId::random());
+/// let text = id.to_string();
+/// assert_eq!(text.len(), 32);
+/// assert_eq!(text.parse::<StreamId>(), Ok(id));
+/// assert!("not hex".parse::<StreamId>().is_err());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub [u8; 16]);
+
+impl StreamId {
+    /// A new id from the OS CSPRNG: two clients never pick the same one.
+    pub fn random() -> StreamId {
+        use rand_core::RngCore;
+        let mut b = [0u8; 16];
+        rand_core::OsRng.fill_bytes(&mut b);
+        StreamId(b)
+    }
+
+    /// The first 8 hex digits, as logs show it.
+    pub fn short(&self) -> String {
+        self.to_string()[..8].to_owned()
+    }
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StreamId({self})")
+    }
+}
+
+/// Text that is not 32 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a stream id is 32 hex digits, not {0:?}")]
+pub struct BadStreamId(pub String);
+
+impl std::str::FromStr for StreamId {
+    type Err = BadStreamId;
+    fn from_str(s: &str) -> Result<StreamId, BadStreamId> {
+        let bad = || BadStreamId(s.chars().take(40).collect());
+        if s.len() != 32 || !s.is_ascii() {
+            return Err(bad());
+        }
+        let mut b = [0u8; 16];
+        for (i, out) in b.iter_mut().enumerate() {
+            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(StreamId(b))
+    }
+}
+
+impl Serialize for StreamId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for StreamId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<StreamId, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What the server's application made of an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AckStatus {
+    /// The application took it (its handler returned `Ok`, or there is no handler).
+    #[default]
+    Delivered,
+    /// The application's handler refused it (returned an error). The client
+    /// surfaces the refusal and never sends the operation again on its own.
+    Refused,
+}
 
 /// An operation the server acknowledges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,25 +182,39 @@ impl std::fmt::Display for AbortReason {
 pub struct Ack {
     /// The operation.
     pub op: Op,
-    /// Its sequence number on this connection: 1 for the first, then 2, 3, …
+    /// Its sequence in the client's stream: 1 for the stream's first
+    /// operation, then 2, 3, … across sessions.
     pub seq: u64,
     /// Bytes the server saw arrive.
     pub bytes: u32,
+    /// Whether the server's application took it.
+    pub status: AckStatus,
 }
 
 impl Ack {
     /// Bytes of an acknowledgement record sent over RDMA.
-    pub const WIRE_LEN: usize = 13;
+    pub const WIRE_LEN: usize = 14;
+
+    /// An acknowledgement of a delivered operation.
+    pub fn delivered(op: Op, seq: u64, bytes: u32) -> Ack {
+        Ack {
+            op,
+            seq,
+            bytes,
+            status: AckStatus::Delivered,
+        }
+    }
 
     /// The record SENT over RDMA on the streaming data path: the operation
     /// (0 SEND, 1 WRITE), then the sequence number (u64) and the byte count
-    /// (u32), little-endian. Sealed like any payload when payloads are
-    /// protected, so only the server can have made it.
+    /// (u32), little-endian, then the status (0 delivered, 1 refused). Sealed
+    /// like any payload when payloads are protected, so only the server can
+    /// have made it.
     ///
     /// ```
     /// use secure_rdma::datapath::{Ack, Op};
     ///
-    /// let ack = Ack { op: Op::Write, seq: 7, bytes: 4096 };
+    /// let ack = Ack::delivered(Op::Write, 7, 4096);
     /// assert_eq!(Ack::decode(&ack.encode()), Some(ack));
     /// assert_eq!(Ack::decode(b"short"), None);
     /// ```
@@ -114,6 +226,10 @@ impl Ack {
         };
         out[1..9].copy_from_slice(&self.seq.to_le_bytes());
         out[9..13].copy_from_slice(&self.bytes.to_le_bytes());
+        out[13] = match self.status {
+            AckStatus::Delivered => 0,
+            AckStatus::Refused => 1,
+        };
         out
     }
 
@@ -127,7 +243,17 @@ impl Ack {
         };
         let seq = u64::from_le_bytes(b[1..9].try_into().ok()?);
         let bytes = u32::from_le_bytes(b[9..13].try_into().ok()?);
-        Some(Ack { op, seq, bytes })
+        let status = match b[13] {
+            0 => AckStatus::Delivered,
+            1 => AckStatus::Refused,
+            _ => return None,
+        };
+        Some(Ack {
+            op,
+            seq,
+            bytes,
+            status,
+        })
     }
 }
 

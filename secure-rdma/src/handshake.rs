@@ -2,9 +2,13 @@
 //!
 //! The sequence, all over the mutually authenticated TLS 1.3 stream:
 //!
-//! 1. client → [`Message::Hello`] (protocol version, capabilities)
-//! 2. server → [`Message::Accept`] or [`Message::Reject`] (server full,
-//!    quota, version); nothing RDMA exists on the server before this.
+//! 1. client → [`Message::Hello`] (protocol version, capabilities, and its
+//!    operation stream: [`StreamHello`])
+//! 2. server → [`Message::Accept`] (with what it knows of that stream:
+//!    [`Resume`]) or [`Message::Reject`] (server full, quota, version);
+//!    nothing RDMA exists on the server before this. A resumed stream is
+//!    answered only after its previous session is torn down and its QP
+//!    drained, so nothing of the old session is delivered after the answer.
 //! 3. both → [`Message::Endpoint`] (GID, QPN, PSN, MTU, buffer)
 //! 4. both bring their QP to RTS, then → [`Message::Ready`]
 //! 5. both SEND their confirmation token as the first RDMA message; each
@@ -29,7 +33,7 @@ use std::net::IpAddr;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::datapath::{AbortReason, Op};
+use crate::datapath::{AbortReason, Ack, AckStatus, Op, StreamId};
 use crate::protect::Cipher;
 use crate::psn::{Psn, Qpn};
 use crate::verbs::{Gid, PathMtu, RemoteBuffer};
@@ -133,8 +137,109 @@ impl Endpoint {
 
 /// Version of this protocol; a peer with another version is rejected.
 /// Version 2 added payload protection (ciphers in the hello, the choice in
-/// the accept, [`Message::Abort`]).
-pub const VERSION: u32 = 2;
+/// the accept, [`Message::Abort`]); version 3 operation streams (the stream in
+/// the hello, [`Resume`] in the accept, stream sequences in acknowledgements,
+/// sealed messages of format 2).
+pub const VERSION: u32 = 3;
+
+/// The client's operation stream, named in its hello: which stream, and where
+/// the client stands in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamHello {
+    /// The stream, drawn once by the client and kept across its reconnects.
+    pub id: StreamId,
+    /// The lowest sequence the client has no acknowledgement for (1 for a
+    /// fresh stream).
+    pub next: u64,
+    /// The highest sequence the client ever sent (0 if none): the operations
+    /// `next..=sent` may or may not have reached the server.
+    pub sent: u64,
+}
+
+impl StreamHello {
+    /// A stream the client has not used yet.
+    pub fn fresh(id: StreamId) -> StreamHello {
+        StreamHello {
+            id,
+            next: 1,
+            sent: 0,
+        }
+    }
+
+    /// Checks what serde cannot: sequences start at 1, and `sent` is at
+    /// least `next - 1`.
+    pub fn validate(&self) -> Result<(), HandshakeError> {
+        if self.next == 0 || self.sent < self.next - 1 || self.next == u64::MAX {
+            return Err(HandshakeError::Invalid {
+                field: "stream",
+                reason: format!(
+                    "next {} and sent {} do not describe a stream (next >= 1, sent >= next - 1)",
+                    self.next, self.sent
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the server knows of the stream a client named, in its accept.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Resume {
+    /// A fresh stream: nothing to resume.
+    #[default]
+    New,
+    /// The server knew the stream: its application answered every operation
+    /// up to `delivered`; `acks` are the answers of the client's
+    /// `next..=delivered`. The client sends only what follows `delivered`.
+    Resumed {
+        /// The highest sequence the server's application answered.
+        delivered: u64,
+        /// The answers the client has not seen, oldest first.
+        acks: Vec<AckRecord>,
+    },
+    /// The server has no state for a stream the client says is not fresh (a
+    /// server restart, or the resume window passed): the client sends
+    /// `next..=sent` again, and the server flags those deliveries as
+    /// possibly delivered before, for the application's idempotency key.
+    Expired,
+}
+
+/// An acknowledgement as the resume answer carries it (JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckRecord {
+    /// The operation.
+    pub op: Op,
+    /// Its stream sequence.
+    pub seq: u64,
+    /// Bytes that arrived.
+    pub bytes: u32,
+    /// What the application made of it.
+    #[serde(default)]
+    pub status: AckStatus,
+}
+
+impl From<Ack> for AckRecord {
+    fn from(a: Ack) -> AckRecord {
+        AckRecord {
+            op: a.op,
+            seq: a.seq,
+            bytes: a.bytes,
+            status: a.status,
+        }
+    }
+}
+
+impl From<AckRecord> for Ack {
+    fn from(a: AckRecord) -> Ack {
+        Ack {
+            op: a.op,
+            seq: a.seq,
+            bytes: a.bytes,
+            status: a.status,
+        }
+    }
+}
 
 /// Capabilities this implementation offers in its hello.
 pub const CAPABILITIES: [&str; 4] = [
@@ -237,6 +342,10 @@ pub enum Message {
         /// asks for payloads in clear.
         #[serde(default)]
         ciphers: Vec<Cipher>,
+        /// The client's operation stream and where it stands in it; absent
+        /// only in the hello of an older version, which is refused by version.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream: Option<StreamHello>,
     },
     /// The server admits the client.
     Accept {
@@ -251,6 +360,9 @@ pub enum Message {
         /// many operations the client may have unacknowledged at once.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rdma_window: Option<u32>,
+        /// What the server knows of the client's stream.
+        #[serde(default)]
+        resume: Resume,
     },
     /// The server refuses the client.
     Reject {
@@ -270,10 +382,13 @@ pub enum Message {
     Ack {
         /// What landed.
         op: Op,
-        /// 1 for the first operation of the connection, then 2, 3, …
+        /// Its sequence in the client's stream.
         seq: u64,
         /// Bytes that arrived.
         bytes: u32,
+        /// What the server's application made of it.
+        #[serde(default)]
+        status: AckStatus,
     },
     /// Orderly close.
     Bye,
@@ -356,6 +471,9 @@ pub struct Hello {
     pub capabilities: Vec<String>,
     /// Payload ciphers the client accepts, preferred first; empty for none.
     pub ciphers: Vec<Cipher>,
+    /// The client's operation stream (`None` only from a client of an older
+    /// [`VERSION`], which the server refuses by version).
+    pub stream: Option<StreamHello>,
 }
 
 /// The server's answer to a hello, as the client receives it (step 2).
@@ -372,6 +490,8 @@ pub enum Verdict {
         /// Acknowledgements come over RDMA, with this many operations allowed
         /// unacknowledged; `None`: over TLS, one at a time.
         rdma_window: Option<u32>,
+        /// What the server knows of the client's stream.
+        resume: Resume,
     },
     /// Refused, with the reason.
     Rejected(RejectReason),
@@ -431,11 +551,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 version,
                 capabilities,
                 ciphers,
-            } => Ok(Hello {
-                version,
-                capabilities,
-                ciphers,
-            }),
+                stream,
+            } => {
+                if let Some(s) = &stream {
+                    s.validate()?;
+                }
+                Ok(Hello {
+                    version,
+                    capabilities,
+                    ciphers,
+                    stream,
+                })
+            }
             other => Err(unexpected(Kind::Hello, &other)),
         }
     }
@@ -448,11 +575,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 identity,
                 cipher,
                 rdma_window,
+                resume,
             } => Ok(Verdict::Accepted {
                 buffer_size,
                 identity,
                 cipher,
                 rdma_window,
+                resume,
             }),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
@@ -541,6 +670,7 @@ mod tests {
             version: VERSION,
             capabilities: vec!["send".into()],
             ciphers: vec![Cipher::Aes256Gcm],
+            stream: Some(StreamHello::fresh(StreamId([3; 16]))),
         };
         a.send(&hello).await.unwrap();
         a.send(&Message::Endpoint {
@@ -647,6 +777,7 @@ mod tests {
             op: Op::Write,
             seq: 7,
             bytes: 3,
+            status: AckStatus::Refused,
         })
         .await
         .unwrap();
@@ -655,7 +786,8 @@ mod tests {
             Ack {
                 op: Op::Write,
                 seq: 7,
-                bytes: 3
+                bytes: 3,
+                status: AckStatus::Refused,
             }
         );
         a.send(&Message::Reject {
@@ -699,11 +831,12 @@ mod tests {
             identity: "alice".into(),
             cipher: Some(Cipher::ChaCha20Poly1305),
             rdma_window: None,
+            resume: Resume::New,
         })
         .unwrap();
         assert_eq!(
             json,
-            r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":"chacha20-poly1305"}"#
+            r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":"chacha20-poly1305","resume":{"kind":"new"}}"#
         );
         // A peer that does not know the field asks for, or gets, no protection.
         let old: Message =
@@ -789,5 +922,66 @@ mod tests {
         let mut e = endpoint();
         e.gid = "::ffff:255.255.255.255".parse().unwrap();
         assert!(e.validate().is_err());
+    }
+
+    #[test]
+    fn the_resume_exchange_has_wire_names_and_checks_what_serde_cannot() {
+        let id = StreamId([0xab; 16]);
+        let hello = Message::Hello {
+            version: VERSION,
+            capabilities: vec![],
+            ciphers: vec![],
+            stream: Some(StreamHello {
+                id,
+                next: 5,
+                sent: 7,
+            }),
+        };
+        let json = serde_json::to_string(&hello).unwrap();
+        assert!(
+            json.contains(
+                r#""stream":{"id":"abababababababababababababababab","next":5,"sent":7}"#
+            ),
+            "{json}"
+        );
+        let resumed = Resume::Resumed {
+            delivered: 6,
+            acks: vec![AckRecord {
+                op: Op::Send,
+                seq: 5,
+                bytes: 9,
+                status: AckStatus::Delivered,
+            }],
+        };
+        assert_eq!(
+            serde_json::to_string(&resumed).unwrap(),
+            r#"{"kind":"resumed","delivered":6,"acks":[{"op":"send","seq":5,"bytes":9,"status":"delivered"}]}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Resume::Expired).unwrap(),
+            r#"{"kind":"expired"}"#
+        );
+        // An accept without the field (never sent by this version) reads as a new stream.
+        let accept: Message = serde_json::from_str(
+            r#"{"type":"accept","buffer_size":64,"identity":"a","cipher":null}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            accept,
+            Message::Accept {
+                resume: Resume::New,
+                ..
+            }
+        ));
+        // Sequences start at 1, and what was sent is at least what was acknowledged.
+        assert!(StreamHello::fresh(id).validate().is_ok());
+        for (next, sent) in [(0, 0), (5, 3), (u64::MAX, u64::MAX)] {
+            let e = StreamHello { id, next, sent }.validate().unwrap_err();
+            assert!(e.to_string().contains("do not describe a stream"), "{e}");
+        }
+        // A malformed stream id is refused by the parser, with the reason.
+        let bad = r#"{"type":"hello","version":3,"capabilities":[],"stream":{"id":"xyz","next":1,"sent":0}}"#;
+        let e = serde_json::from_str::<Message>(bad).unwrap_err();
+        assert!(e.to_string().contains("32 hex digits"), "{e}");
     }
 }

@@ -19,6 +19,17 @@
 //! | `secure_rdma_auth_failures_total` | counter | `tenant` |
 //! | `secure_rdma_handshake_duration_seconds` | histogram | |
 //! | `secure_rdma_verb_duration_seconds` | histogram | `device`, `verb` ([`TimedVerb`]) |
+//! | `secure_rdma_stream_resumes_total` | counter | `outcome` (`resumed`: the server knew the stream; `expired`: it did not) |
+//! | `secure_rdma_operations_replayed_total` | counter | |
+//! | `secure_rdma_duplicates_suppressed_total` | counter | |
+//! | `secure_rdma_streams_expired_total` | counter | |
+//!
+//! The stream counters: a resume is a client that reconnected and named its
+//! operation stream; a replayed operation is one the client sent again after
+//! a lost session; a suppressed duplicate is one the client had no
+//! acknowledgement for but the server had already delivered, answered from
+//! the stream's state instead of delivered twice; an expired stream is one
+//! the server forgot (its resume window passed, or room was needed).
 //!
 //! Names follow the Prometheus conventions: base units (seconds, bytes),
 //! `_total` on counters, snake_case labels; `tenant` is the client's
@@ -213,6 +224,10 @@ pub struct ServerMetrics {
     auth_failures_by_tenant: Arc<Mutex<BTreeMap<String, Counter>>>,
     handshake_duration: Histogram,
     verb_duration: Family<DeviceVerbLabels, Histogram, fn() -> Histogram>,
+    stream_resumes: Family<OutcomeLabels, Counter>,
+    operations_replayed: Counter,
+    duplicates_suppressed: Counter,
+    streams_expired: Counter,
 }
 
 impl Default for ServerMetrics {
@@ -227,7 +242,18 @@ impl Default for ServerMetrics {
             auth_failures_by_tenant: Arc::default(),
             handshake_duration: handshake_buckets(),
             verb_duration: Family::new_with_constructor(verb_buckets),
+            stream_resumes: Family::default(),
+            operations_replayed: Counter::default(),
+            duplicates_suppressed: Counter::default(),
+            streams_expired: Counter::default(),
         };
+        for outcome in ["resumed", "expired"] {
+            drop(
+                metrics
+                    .stream_resumes
+                    .get_or_create(&OutcomeLabels { outcome }),
+            );
+        }
         for outcome in HandshakeOutcome::ALL {
             // Creating the child is the point; the guard it returns is not needed.
             drop(metrics.handshakes.get_or_create(&OutcomeLabels {
@@ -299,6 +325,68 @@ impl ServerMetrics {
             Unit::Seconds,
             self.verb_duration.clone(),
         );
+        registry.register(
+            "secure_rdma_stream_resumes",
+            "Clients that reconnected naming their operation stream, by whether the server still knew it",
+            self.stream_resumes.clone(),
+        );
+        registry.register(
+            "secure_rdma_operations_replayed",
+            "Operations clients sent again after a lost session",
+            self.operations_replayed.clone(),
+        );
+        registry.register(
+            "secure_rdma_duplicates_suppressed",
+            "Operations a reconnecting client had no acknowledgement for that the server had already delivered: answered, not delivered again",
+            self.duplicates_suppressed.clone(),
+        );
+        registry.register(
+            "secure_rdma_streams_expired",
+            "Operation streams forgotten: their resume window passed, or room was needed",
+            self.streams_expired.clone(),
+        );
+    }
+
+    /// Counts a resume of a stream the server knew, whose answers spared the
+    /// client `suppressed` operations it would otherwise have sent again.
+    pub fn stream_resumed(&self, suppressed: usize) {
+        self.stream_resumes
+            .get_or_create(&OutcomeLabels { outcome: "resumed" })
+            .inc();
+        self.duplicates_suppressed.inc_by(suppressed as u64);
+    }
+
+    /// Counts a resume of a stream the server no longer knew.
+    pub fn stream_expired(&self) {
+        self.stream_resumes
+            .get_or_create(&OutcomeLabels { outcome: "expired" })
+            .inc();
+    }
+
+    /// Counts `n` streams forgotten.
+    pub fn streams_forgotten(&self, n: usize) {
+        self.streams_expired.inc_by(n as u64);
+    }
+
+    /// Counts one operation a client sent again after a lost session.
+    pub fn operation_replayed(&self) {
+        self.operations_replayed.inc();
+    }
+
+    /// What the stream counters say: (resumed, expired, replayed, suppressed, forgotten).
+    pub fn stream_counts(&self) -> (u64, u64, u64, u64, u64) {
+        let outcome = |o| {
+            self.stream_resumes
+                .get_or_create(&OutcomeLabels { outcome: o })
+                .get()
+        };
+        (
+            outcome("resumed"),
+            outcome("expired"),
+            self.operations_replayed.get(),
+            self.duplicates_suppressed.get(),
+            self.streams_expired.get(),
+        )
     }
 
     /// Counts one handshake that ended with `outcome`.

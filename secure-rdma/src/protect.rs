@@ -7,11 +7,24 @@
 //!
 //! - **Keys**: one per direction, from the TLS session's exporter (RFC 8446 §7.5) with their own
 //!   label, so they are unrelated to the confirmation tokens and new for every session.
-//! - **Nonce**: the direction's 64-bit message sequence number (starting at 1), never reused:
-//!   a [`Sealer`] refuses to seal once the sequence would wrap.
-//! - **Wire format**: a 16-byte [`Header`] (version, operation, sequence, plaintext length) in
-//!   clear, then the ciphertext, then the 16-byte tag. The header is the AEAD's associated data,
-//!   so operation, sequence and length are authenticated with the payload.
+//! - **Nonce**: the direction's 64-bit message sequence number, never reused under a key: a
+//!   [`Sealer`] refuses to seal once the sequence would wrap. Client to server it is the
+//!   operation's sequence in the client's [stream](crate::datapath::StreamId), which goes on
+//!   across sessions (the keys are new for every session, so a resumed stream reuses no nonce);
+//!   server to client it counts from 1 in each session.
+//! - **Wire format** (version 2): a 16-byte [`Header`] in clear, then the ciphertext, then the
+//!   16-byte tag. The associated data is the header followed by the 16-byte stream id, which both
+//!   ends know from the handshake and which is never sent: operation, key epoch, lane, sequence,
+//!   length and stream are all authenticated with the payload.
+//!
+//!   | bytes | field |
+//!   |---|---|
+//!   | 0 | version, 2 (a version 1 header is refused as [`AuthError::Version`]) |
+//!   | 1 | operation: 1 SEND, 2 WRITE |
+//!   | 2 | key epoch (0 until keys rotate) |
+//!   | 3 | lane (0 until a session has several QPs) |
+//!   | 4..12 | sequence, u64 big endian (also the nonce) |
+//!   | 12..16 | plaintext length, u32 big endian |
 //! - **Receiving**: [`Opener::open`] checks the header, that the sequence is exactly the next
 //!   one (RC delivers in order, so anything else is a replay or a forgery), and the tag, before
 //!   a byte of plaintext is released. A failure is an [`AuthError`]; the session that sees one
@@ -41,7 +54,7 @@
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use serde::{Deserialize, Serialize};
 
-use crate::datapath::Op;
+use crate::datapath::{Op, StreamId};
 
 /// Bytes of the clear header in front of every sealed message.
 pub const HEADER_LEN: usize = 16;
@@ -53,7 +66,7 @@ pub const OVERHEAD: usize = HEADER_LEN + TAG_LEN;
 pub const KEY_LEN: usize = 32;
 
 /// The format version in every header.
-const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 
 /// The AEAD that protects a session's payloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -145,6 +158,10 @@ fn hardware_aes() -> bool {
 pub struct Header {
     /// The operation the message was sealed for: a SEND cannot be replayed as a WRITE.
     pub op: Op,
+    /// The key epoch the message was sealed under (0 until keys rotate).
+    pub epoch: u8,
+    /// The session's lane (0 until a session has several QPs).
+    pub lane: u8,
     /// The direction's message sequence number; also the nonce.
     pub seq: u64,
     /// Plaintext bytes.
@@ -159,30 +176,63 @@ impl Header {
         }
     }
 
-    /// The 16 header bytes: version, operation, two zero bytes, sequence and length big endian.
+    /// The 16 header bytes: version, operation, epoch, lane, then sequence and length big
+    /// endian.
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0] = WIRE_VERSION;
         b[1] = Header::op_byte(self.op);
+        b[2] = self.epoch;
+        b[3] = self.lane;
         b[4..12].copy_from_slice(&self.seq.to_be_bytes());
         b[12..16].copy_from_slice(&self.len.to_be_bytes());
         b
     }
 
-    /// Parses a header; `None` for an unknown version or operation or non-zero reserved bytes.
-    pub fn parse(b: &[u8; HEADER_LEN]) -> Option<Header> {
+    /// Parses a header: [`AuthError::Version`] for another version (a peer that speaks the
+    /// format of an older release), [`AuthError::BadHeader`] for an unknown operation. Never
+    /// panics, whatever the bytes.
+    ///
+    /// ```
+    /// use secure_rdma::datapath::Op;
+    /// use secure_rdma::protect::{AuthError, Header};
+    ///
+    /// let h = Header { op: Op::Send, epoch: 0, lane: 0, seq: 7, len: 5 };
+    /// assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
+    /// let mut v1 = h.to_bytes();
+    /// v1[0] = 1;
+    /// assert_eq!(Header::parse(&v1), Err(AuthError::Version { got: 1 }));
+    /// ```
+    pub fn parse(b: &[u8; HEADER_LEN]) -> Result<Header, AuthError> {
+        if b[0] != WIRE_VERSION {
+            return Err(AuthError::Version { got: b[0] });
+        }
         let op = match b[1] {
             1 => Op::Send,
             2 => Op::Write,
-            _ => return None,
+            _ => return Err(AuthError::BadHeader),
         };
-        if b[0] != WIRE_VERSION || b[2] != 0 || b[3] != 0 {
-            return None;
-        }
-        let seq = u64::from_be_bytes(b[4..12].try_into().ok()?);
-        let len = u32::from_be_bytes(b[12..16].try_into().ok()?);
-        Some(Header { op, seq, len })
+        let mut seq = [0u8; 8];
+        seq.copy_from_slice(&b[4..12]);
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&b[12..16]);
+        Ok(Header {
+            op,
+            epoch: b[2],
+            lane: b[3],
+            seq: u64::from_be_bytes(seq),
+            len: u32::from_be_bytes(len),
+        })
     }
+}
+
+/// The associated data of a message: its header, then the stream id it belongs to (bound
+/// without being sent, so a message sealed for one stream opens in no other).
+fn aad(header: &[u8; HEADER_LEN], stream: &StreamId) -> [u8; HEADER_LEN + 16] {
+    let mut a = [0u8; HEADER_LEN + 16];
+    a[..HEADER_LEN].copy_from_slice(header);
+    a[HEADER_LEN..].copy_from_slice(&stream.0);
+    a
 }
 
 /// The nonce of message `seq`: 4 zero bytes, then the sequence big endian. Unique per key
@@ -227,6 +277,7 @@ pub struct Sealer {
     key: LessSafeKey,
     cipher: Cipher,
     next_seq: u64,
+    stream: StreamId,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -240,13 +291,23 @@ impl std::fmt::Debug for Sealer {
 }
 
 impl Sealer {
-    /// A sealer whose first message gets sequence 1.
+    /// A sealer whose first message gets sequence 1, bound to the all-zero stream until
+    /// [`Sealer::bind`].
     pub fn new(cipher: Cipher, key_bytes: &[u8; KEY_LEN]) -> Sealer {
         Sealer {
             key: key(cipher, key_bytes),
             cipher,
             next_seq: 1,
+            stream: StreamId([0; 16]),
         }
+    }
+
+    /// Binds the sealer to `stream`, its first message getting sequence `first` (a resumed
+    /// stream goes on where the server's delivery stopped). Sequence 0 is never used, so a
+    /// `first` of 0 means 1.
+    pub fn bind(&mut self, stream: StreamId, first: u64) {
+        self.stream = stream;
+        self.next_seq = first.max(1);
     }
 
     /// The cipher this sealer uses.
@@ -276,14 +337,21 @@ impl Sealer {
             return Err(SealError::Exhausted);
         }
         let seq = self.next_seq;
-        let header = Header { op, seq, len }.to_bytes();
+        let header = Header {
+            op,
+            epoch: 0,
+            lane: 0,
+            seq,
+            len,
+        }
+        .to_bytes();
         let (head, rest) = out.split_at_mut(HEADER_LEN);
         head.copy_from_slice(&header);
         let (body, tag_out) = rest.split_at_mut(plaintext.len());
         body.copy_from_slice(plaintext);
         let tag = self
             .key
-            .seal_in_place_separate_tag(nonce(seq), Aad::from(header), body)
+            .seal_in_place_separate_tag(nonce(seq), Aad::from(aad(&header, &self.stream)), body)
             .map_err(|_| SealError::TooLong(plaintext.len()))?;
         tag_out[..TAG_LEN].copy_from_slice(tag.as_ref());
         self.next_seq += 1;
@@ -299,7 +367,13 @@ pub enum AuthError {
     /// Shorter than header and tag.
     #[error("{0} bytes is shorter than a sealed message")]
     Truncated(usize),
-    /// Unknown version or operation, or reserved bytes set.
+    /// A header of another format version: a peer of another release, or a forgery.
+    #[error("sealed-message version {got} is not accepted (this end speaks {WIRE_VERSION}); upgrade the peer")]
+    Version {
+        /// The header's version byte.
+        got: u8,
+    },
+    /// An unknown operation.
     #[error("malformed header")]
     BadHeader,
     /// Sealed for another operation (a SEND presented as a WRITE or the reverse).
@@ -337,6 +411,7 @@ pub struct Opener {
     key: LessSafeKey,
     cipher: Cipher,
     next_seq: u64,
+    stream: StreamId,
 }
 
 impl std::fmt::Debug for Opener {
@@ -349,13 +424,21 @@ impl std::fmt::Debug for Opener {
 }
 
 impl Opener {
-    /// An opener that accepts sequence 1 first.
+    /// An opener that accepts sequence 1 first, of the all-zero stream until
+    /// [`Opener::bind`].
     pub fn new(cipher: Cipher, key_bytes: &[u8; KEY_LEN]) -> Opener {
         Opener {
             key: key(cipher, key_bytes),
             cipher,
             next_seq: 1,
+            stream: StreamId([0; 16]),
         }
+    }
+
+    /// Binds the opener to `stream`, accepting sequence `first` first (0 means 1).
+    pub fn bind(&mut self, stream: StreamId, first: u64) {
+        self.stream = stream;
+        self.next_seq = first.max(1);
     }
 
     /// The sequence number the next message must carry.
@@ -372,7 +455,7 @@ impl Opener {
         }
         let mut raw = [0u8; HEADER_LEN];
         raw.copy_from_slice(&msg[..HEADER_LEN]);
-        let header = Header::parse(&raw).ok_or(AuthError::BadHeader)?;
+        let header = Header::parse(&raw)?;
         if header.op != op {
             return Err(AuthError::WrongOp {
                 sealed: header.op,
@@ -395,7 +478,7 @@ impl Opener {
         }
         let plain = self
             .key
-            .open_in_place(nonce(header.seq), Aad::from(raw), body)
+            .open_in_place(nonce(header.seq), Aad::from(aad(&raw, &self.stream)), body)
             .map_err(|_| AuthError::Tag)?;
         self.next_seq += 1;
         Ok(plain)
@@ -428,6 +511,23 @@ impl Protection {
             sealer: Sealer::new(cipher, &mine),
             opener: Opener::new(cipher, &theirs),
         })
+    }
+}
+
+impl Protection {
+    /// Binds both directions to the client's operation `stream`: what the client sends is
+    /// numbered by the stream, from `first_op` (the first operation this session carries: 1 for
+    /// a new stream, the next undelivered one for a resumed stream); what the server sends counts
+    /// from 1 in each session. `side` is this end.
+    pub fn bind_stream(&mut self, side: Side, stream: StreamId, first_op: u64) {
+        let (client_to_server, server_to_client) = match side {
+            Side::Client => (&mut self.sealer.next_seq, &mut self.opener.next_seq),
+            Side::Server => (&mut self.opener.next_seq, &mut self.sealer.next_seq),
+        };
+        *client_to_server = first_op.max(1);
+        *server_to_client = 1;
+        self.sealer.stream = stream;
+        self.opener.stream = stream;
     }
 }
 
@@ -591,6 +691,63 @@ mod tests {
         );
         let mut plain = b"FORGED-BY-ATTACKER-xxxxxxxxxxxxxxxxxxx".to_vec();
         assert!(o.open(Op::Send, &mut plain).is_err());
+    }
+
+    #[test]
+    fn a_message_opens_only_in_its_own_stream_and_a_resumed_stream_goes_on_numbering() {
+        let k = [0x42u8; KEY_LEN];
+        let (a, b) = (StreamId([1; 16]), StreamId([2; 16]));
+        let mut s = Sealer::new(Cipher::ChaCha20Poly1305, &k);
+        s.bind(a, 41);
+        let wire = sealed(&mut s, Op::Send, b"op 41");
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&wire[..HEADER_LEN]);
+        assert_eq!(Header::parse(&h).unwrap().seq, 41);
+        // Another stream with the same key and sequence: the bound stream id differs, the tag
+        // does not verify.
+        let mut other = Opener::new(Cipher::ChaCha20Poly1305, &k);
+        other.bind(b, 41);
+        assert_eq!(other.open(Op::Send, &mut wire.clone()), Err(AuthError::Tag));
+        let mut right = Opener::new(Cipher::ChaCha20Poly1305, &k);
+        right.bind(a, 41);
+        assert_eq!(right.open(Op::Send, &mut wire.clone()).unwrap(), b"op 41");
+        assert_eq!(right.next_seq(), 42);
+    }
+
+    #[test]
+    fn a_version_1_message_is_refused_by_name() {
+        let (mut s, mut o) = pair(Cipher::Aes256Gcm);
+        let mut wire = sealed(&mut s, Op::Send, b"old format");
+        wire[0] = 1;
+        let e = o.open(Op::Send, &mut wire).unwrap_err();
+        assert_eq!(e, AuthError::Version { got: 1 });
+        assert_eq!(
+            e.to_string(),
+            "sealed-message version 1 is not accepted (this end speaks 2); upgrade the peer"
+        );
+    }
+
+    #[test]
+    fn bind_stream_numbers_the_client_direction_by_the_stream_on_both_ends() {
+        let stream = StreamId([9; 16]);
+        let k1 = [1u8; KEY_LEN];
+        let k2 = [2u8; KEY_LEN];
+        // The client seals with k1 and opens with k2; the server the reverse.
+        let mut client = Protection {
+            sealer: Sealer::new(Cipher::Aes256Gcm, &k1),
+            opener: Opener::new(Cipher::Aes256Gcm, &k2),
+        };
+        let mut server = Protection {
+            sealer: Sealer::new(Cipher::Aes256Gcm, &k2),
+            opener: Opener::new(Cipher::Aes256Gcm, &k1),
+        };
+        client.bind_stream(Side::Client, stream, 7);
+        server.bind_stream(Side::Server, stream, 7);
+        let mut op = sealed(&mut client.sealer, Op::Write, b"seventh");
+        assert_eq!(server.opener.open(Op::Write, &mut op).unwrap(), b"seventh");
+        let mut ack = sealed(&mut server.sealer, Op::Send, b"ack");
+        assert_eq!(client.opener.open(Op::Send, &mut ack).unwrap(), b"ack");
+        assert_eq!((server.opener.next_seq(), client.opener.next_seq()), (8, 2));
     }
 
     #[test]

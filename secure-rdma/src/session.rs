@@ -300,6 +300,8 @@ pub struct Session {
     /// difference is in flight, each in its own send slot.
     posted: u64,
     completed: u64,
+    /// Receives posted and not yet consumed as a completion.
+    recv_posted: usize,
     /// WRITEs posted to the peer (the next lands in slot `writes_posted`
     /// mod the peer's write slots) and WRITEs that landed here.
     writes_posted: u64,
@@ -488,6 +490,7 @@ impl Session {
             slot_len: bs,
             posted: 0,
             completed: 0,
+            recv_posted: slots,
             writes_posted: 0,
             writes_landed: 0,
             config: SessionConfig {
@@ -570,8 +573,29 @@ impl Session {
     /// one RC send queue come in posting order).
     async fn complete_one(&mut self) -> Result<(), SessionError> {
         let what = "an RDMA operation to complete";
-        self.qp.send_cq().next_ok(what, self.config.timeout).await?;
+        let wc = self
+            .qp
+            .send_cq()
+            .next(self.config.timeout)
+            .await
+            .map_err(|e| match e {
+                VerbsError::Timeout { after, .. } => VerbsError::Timeout {
+                    what: what.to_owned(),
+                    after,
+                },
+                other => other,
+            })?;
+        // Consumed whatever its status: a failed operation is no longer in flight either (what
+        // [`Session::drain`] counts on).
         self.completed += 1;
+        if !wc.status.is_success() {
+            return Err(VerbsError::WorkCompletion {
+                wr_id: wc.wr_id,
+                opcode: wc.opcode,
+                status: wc.status,
+            }
+            .into());
+        }
         Ok(())
     }
 
@@ -671,7 +695,16 @@ impl Session {
     /// consumed a PSN the peer never sent, so the peer's next message would
     /// be dropped as a duplicate).
     pub async fn arrival(&mut self) -> Result<Arrival, SessionError> {
-        let wc = self.qp.recv_cq().next_ok_unbounded().await?;
+        let wc = match self.qp.recv_cq().next_ok_unbounded().await {
+            Ok(wc) => wc,
+            Err(e) => {
+                // A receive completed in error is not posted again: one fewer to drain.
+                if matches!(e, VerbsError::WorkCompletion { .. }) {
+                    self.recv_posted = self.recv_posted.saturating_sub(1);
+                }
+                return Err(e.into());
+            }
+        };
         let bs = self.slot_len;
         let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
         if slot >= self.config.recv_slots {
@@ -724,6 +757,51 @@ impl Session {
     }
 }
 
+/// What [`Session::drain`] consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Drained {
+    /// Messages that had landed and were not taken: never delivered, so the
+    /// peer's resume sends them again.
+    pub discarded: usize,
+    /// Work requests the device flushed.
+    pub flushed: usize,
+}
+
+impl Session {
+    /// Ends the session so that nothing of it can land any more: the QP goes
+    /// to ERROR, and every work request still posted (the receive slots, the
+    /// operations in flight) is consumed as its completion, before the
+    /// resources are freed. Messages that landed and were not taken through
+    /// [`Session::arrival`] are discarded, never delivered. A resumed stream
+    /// is answered only after its previous session is drained, so the answer
+    /// is final.
+    pub async fn drain(self, timeout: Duration) -> Result<Drained, SessionError> {
+        let outstanding_recv = self.recv_posted;
+        let outstanding_send = self.in_flight();
+        let qp = self.qp.into_error()?;
+        let mut drained = Drained::default();
+        for (cq, n, receives, what) in [
+            (qp.recv_cq(), outstanding_recv, true, "the receives flushed"),
+            (qp.send_cq(), outstanding_send, false, "the sends flushed"),
+        ] {
+            for _ in 0..n {
+                let wc = cq.next(timeout).await.map_err(|e| match e {
+                    VerbsError::Timeout { after, .. } => SessionError::Timeout(after, what),
+                    other => other.into(),
+                })?;
+                // A receive that completed successfully is a message that landed before the
+                // QP stopped and that nobody took; everything else is a flush.
+                if receives && wc.status.is_success() {
+                    drained.discarded += 1;
+                } else {
+                    drained.flushed += 1;
+                }
+            }
+        }
+        Ok(drained)
+    }
+}
+
 /// The control channel's receivers of the steady state (step 6 of the
 /// [handshake](crate::handshake), the records of [`crate::datapath`]): what an
 /// established session's two ends wait for over TLS. They are methods of the
@@ -734,7 +812,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     /// whose message says the server closed the connection.
     pub async fn expect_ack(&mut self) -> Result<Ack, HandshakeError> {
         match self.recv::<Message>().await? {
-            Message::Ack { op, seq, bytes } => Ok(Ack { op, seq, bytes }),
+            Message::Ack {
+                op,
+                seq,
+                bytes,
+                status,
+            } => Ok(Ack {
+                op,
+                seq,
+                bytes,
+                status,
+            }),
             Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
             other => Err(unexpected(Kind::Ack, &other)),
         }

@@ -1,6 +1,7 @@
 //! A bounded fuzz loop over the handshake frame decoder: whatever a peer sends (garbage, cut or
 //! mutated frames, lying length prefixes), every typed receiver answers with a value or an
-//! error, never a panic or a hang. Runs `HANDSHAKE_FUZZ_SECS` seconds (default 3).
+//! error, never a panic or a hang. The corpus has every message kind, the resume exchange's
+//! (the stream in the hello, each resume answer in the accept) included. Runs `HANDSHAKE_FUZZ_SECS` seconds (default 3).
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,12 @@ use tokio::io::AsyncWriteExt;
 fn corpus() -> Vec<Vec<u8>> {
     [
         r#"{"type":"hello","version":2,"capabilities":["send"],"ciphers":["aes-256-gcm","chacha20-poly1305"]}"#,
+        r#"{"type":"hello","version":3,"capabilities":["send"],"ciphers":["aes-256-gcm"],"stream":{"id":"0123456789abcdef0123456789abcdef","next":17,"sent":20}}"#,
         r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":"chacha20-poly1305"}"#,
+        r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":null,"resume":{"kind":"new"}}"#,
+        r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":null,"resume":{"kind":"expired"}}"#,
+        r#"{"type":"accept","buffer_size":4096,"identity":"a","cipher":null,"resume":{"kind":"resumed","delivered":19,"acks":[{"op":"send","seq":17,"bytes":3,"status":"delivered"},{"op":"write","seq":18,"bytes":1,"status":"refused"}]}}"#,
+        r#"{"type":"ack","op":"write","seq":18446744073709551615,"bytes":5,"status":"refused"}"#,
         r#"{"type":"reject","reason":{"kind":"server_full","active":10,"max":10}}"#,
         r#"{"type":"endpoint","endpoint":{"gid":"::ffff:10.77.0.1","qpn":17,"psn":11259375,"mtu":1024,"buffer":{"addr":0,"rkey":4660,"len":4096}}}"#,
         r#"{"type":"ready"}"#,
@@ -69,6 +75,8 @@ fn mutate(seed: &[u8], rng: &mut OsRng) -> Vec<u8> {
             let s = String::from_utf8_lossy(&f[4..])
                 .replace("17", "99999999999999999999")
                 .replace("4096", "-1")
+                .replace("\"next\":17", "\"next\":0")
+                .replace("0123456789abcdef", "zz")
                 .replace("::ffff:10.77.0.1", "0.0.0.0");
             f = frame(s.as_bytes());
         }

@@ -1105,11 +1105,8 @@ const FORGED_ACK_BYTES: u32 = 1_000_000;
 /// The server's acknowledgement of the client's second send, as a forger writes it: the
 /// streaming data path's 13-byte record (`Ack::encode`), claiming a megabyte.
 fn forged_ack_hex() -> String {
-    let ack = secure_rdma::datapath::Ack {
-        op: secure_rdma::datapath::Op::Send,
-        seq: 2,
-        bytes: FORGED_ACK_BYTES,
-    };
+    let ack =
+        secure_rdma::datapath::Ack::delivered(secure_rdma::datapath::Op::Send, 2, FORGED_ACK_BYTES);
     ack.encode().iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -17,3 +17,41 @@ pub fn ready_listen(line: &str) -> Option<String> {
 pub fn ready_port(line: &str) -> Option<u16> {
     ready_listen(line)?.rsplit(':').next()?.parse().ok()
 }
+
+/// `secure-server --listen 127.0.0.1:0 --log-format json --certs DIR` with `args` besides, a
+/// CA and server certificate made in a fresh directory, and its stderr as lines on a channel
+/// (read on a thread, so the server never blocks on a full pipe). The directory lives as long
+/// as the returned guard.
+pub fn spawn_logging_server(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::sync::mpsc::Receiver<String>,
+    tempfile::TempDir,
+) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    secure_rdma::certs::init(&dir.path().join("certs"), &["localhost".to_owned()]).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .args(["--log-format", "json", "--certs"])
+        .arg(dir.path().join("certs"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn secure-server");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx, dir)
+}

@@ -17,8 +17,11 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::accept::Outcome;
+use super::streams::StreamLease;
 use super::{ServerChannel, Shared};
-use crate::handshake::{Channel, Message, RejectReason, RDMA_ACKS, VERSION};
+use crate::handshake::{
+    Channel, HandshakeError, Message, RejectReason, Resume, RDMA_ACKS, VERSION,
+};
 use crate::metrics::{self, HandshakeOutcome, ServerMetrics};
 use crate::protect::{Protection, Side};
 use crate::quota::{TenantInfo, TenantQuota};
@@ -179,6 +182,8 @@ pub(super) struct Admitted {
     /// Acknowledgements go over RDMA (the client asked for [`RDMA_ACKS`]).
     pub(super) rdma_acks: bool,
     pub(super) held: Held,
+    /// The client's operation stream, held for this session.
+    pub(super) stream: StreamLease,
 }
 
 /// Admission, steps 1–2 of the [handshake](crate::handshake): the hello, a
@@ -216,6 +221,55 @@ pub(super) async fn admit(
     };
     if *stop.borrow() {
         return Err(reject(counts, &mut chan, RejectReason::ShuttingDown).await);
+    }
+    let Some(stream_hello) = hello.stream else {
+        // A client of this version always names its stream.
+        let e = HandshakeError::Invalid {
+            field: "stream",
+            reason: "missing from the hello".into(),
+        };
+        tracing::warn!(error = %e, "bad hello; closing");
+        counts.handshake(HandshakeOutcome::Failed);
+        return Err(Outcome::Failed);
+    };
+    // The stream first: a session of it that is still alive (its client lost it, the server
+    // did not notice yet) ends now, before this one counts against the identity's sessions or
+    // the client slots, and before the answer, so nothing of it is delivered afterwards.
+    let stream = match shared
+        .streams
+        .claim(&identity, stream_hello, cfg.handshake_timeout)
+        .await
+    {
+        Ok(lease) => lease,
+        Err(e) => {
+            tracing::warn!(client = %identity, error = %e, "cannot resume the stream");
+            let detail = format!("{e}; reconnect later");
+            return Err(reject(counts, &mut chan, RejectReason::Unavailable { detail }).await);
+        }
+    };
+    counts.streams_forgotten(stream.forgotten);
+    match &stream.resume {
+        Resume::New => {}
+        Resume::Resumed { delivered, acks } => {
+            counts.stream_resumed(acks.len());
+            tracing::info!(
+                client = %identity,
+                stream = %stream.id().short(),
+                delivered,
+                acks = acks.len(),
+                "stream resumed"
+            );
+        }
+        Resume::Expired => {
+            counts.stream_expired();
+            tracing::info!(
+                client = %identity,
+                stream = %stream.id().short(),
+                next = stream_hello.next,
+                sent = stream_hello.sent,
+                "stream expired"
+            );
+        }
     }
     let cipher = match cfg.protection.choose(&hello.ciphers) {
         Ok(c) => c,
@@ -297,6 +351,7 @@ pub(super) async fn admit(
         identity: identity.clone(),
         cipher,
         rdma_window: rdma_window.map(|w| w as u32),
+        resume: stream.resume.clone(),
     };
     if chan.send(&accept).await.is_err() {
         counts.handshake(HandshakeOutcome::Failed);
@@ -306,7 +361,12 @@ pub(super) async fn admit(
     // client needs neither before it has made its QP, and under emulation the four exporter
     // calls take a few hundred microseconds of the handshake.
     let secrets = match derive_secrets(chan.get_ref().get_ref().1, cipher) {
-        Ok(secrets) => secrets,
+        Ok(mut secrets) => {
+            if let Some(p) = secrets.protection.as_mut() {
+                p.bind_stream(Side::Server, stream.id(), stream.first);
+            }
+            secrets
+        }
         Err(e) => {
             tracing::error!(error = %e, "TLS exporter failed");
             counts.handshake(HandshakeOutcome::Failed);
@@ -321,6 +381,7 @@ pub(super) async fn admit(
         secrets,
         session_cfg,
         rdma_acks: rdma_window.is_some(),
+        stream,
         held: Held {
             _quota: quota,
             _identity: identity_session,

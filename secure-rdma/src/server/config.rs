@@ -71,6 +71,11 @@ pub struct ServerConfig {
     /// no CPU while idle) or busy polling (the lowest latency, a core per
     /// busy session: for dedicated hosts and benchmarks).
     pub poll: Poll,
+    /// How long a client's operation stream is remembered after its session
+    /// ends, so a client that reconnects within it resumes exactly where its
+    /// operations were delivered (default 120 s; zero remembers nothing, and
+    /// every reconnect is answered "expired").
+    pub resume_window: Duration,
 }
 
 impl ServerConfig {
@@ -104,7 +109,14 @@ impl ServerConfig {
             allow_gid_mismatch: false,
             limits: Limits::default(),
             poll: Poll::default(),
+            resume_window: Duration::from_secs(120),
         }
+    }
+
+    /// Sets [`resume_window`](Self::resume_window).
+    pub fn with_resume_window(mut self, window: Duration) -> Self {
+        self.resume_window = window;
+        self
     }
 
     /// Sets [`max_clients`](Self::max_clients).

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::datapath::Op;
+use crate::datapath::{Op, StreamId};
 use crate::session::Arrival;
 
 /// The client a delivery came from, authenticated by TLS.
@@ -65,9 +65,17 @@ impl std::fmt::Display for Peer {
 pub struct Delivery {
     /// Who sent it; shared by every delivery of one session.
     pub peer: Arc<Peer>,
-    /// Its number in the session, from 1: the `seq` of the acknowledgement
-    /// the client gets for it.
+    /// The client's operation stream, kept across its reconnects.
+    pub stream: StreamId,
+    /// Its sequence in that stream, from 1 and across sessions: the `seq` of
+    /// the acknowledgement the client gets for it. With [`Delivery::stream`]
+    /// and the identity it is the operation's idempotency key.
     pub seq: u64,
+    /// The server had lost this stream's state (it restarted, or the resume
+    /// window passed) and the client sent this operation again: an earlier
+    /// run of the server may have delivered it already. An application that
+    /// persists the last `seq` it took per stream skips it if it has it.
+    pub possibly_delivered: bool,
     /// The operation and its bytes.
     pub arrival: Arrival,
 }
@@ -85,7 +93,37 @@ impl Delivery {
     /// assert_eq!(d.seq, 7);
     /// ```
     pub fn new(peer: Arc<Peer>, seq: u64, arrival: Arrival) -> Delivery {
-        Delivery { peer, seq, arrival }
+        Delivery {
+            peer,
+            stream: StreamId([0; 16]),
+            seq,
+            possibly_delivered: false,
+            arrival,
+        }
+    }
+
+    /// The same delivery, of `stream`, flagged as `possibly_delivered` or not.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use secure_rdma::server::{Delivery, Peer};
+    /// # use secure_rdma::session::Arrival;
+    /// use secure_rdma::datapath::StreamId;
+    /// # let peer = Arc::new(Peer { identity: "bob".into(), address: "10.77.0.2:1".parse().unwrap() });
+    /// let stream = StreamId::random();
+    /// let d = Delivery::new(peer, 7, Arrival::Send(b"hi".to_vec())).in_stream(stream, true);
+    /// assert_eq!((d.idempotency_key(), d.possibly_delivered), (("bob", stream, 7), true));
+    /// ```
+    pub fn in_stream(mut self, stream: StreamId, possibly_delivered: bool) -> Delivery {
+        self.stream = stream;
+        self.possibly_delivered = possibly_delivered;
+        self
+    }
+
+    /// (identity, stream, sequence): the same for an operation however often
+    /// its client had to send it, and different for any other operation.
+    pub fn idempotency_key(&self) -> (&str, StreamId, u64) {
+        (&self.peer.identity, self.stream, self.seq)
     }
 
     /// The sender's identity (the tenant).
@@ -130,9 +168,10 @@ impl Delivery {
     }
 }
 
-/// Why a handler did not take a delivery. The session ends (the client is
-/// told bye) without acknowledging it, so the client never counts it as
-/// delivered; `secure-client` reconnects and sends it again, once.
+/// Why a handler did not take a delivery. A [`HandlerError::Refused`]
+/// delivery is answered as refused (the client hears it and never sends it
+/// again on its own); after [`HandlerError::Closed`] the session ends
+/// without an answer, since nothing can take its deliveries.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerError {
@@ -282,14 +321,14 @@ mod tests {
     use super::*;
 
     fn delivery(seq: u64) -> Delivery {
-        Delivery {
-            peer: Arc::new(Peer {
+        Delivery::new(
+            Arc::new(Peer {
                 identity: "alice".into(),
                 address: "10.77.0.2:1".parse().expect("address"),
             }),
             seq,
-            arrival: Arrival::Send(vec![seq as u8]),
-        }
+            Arrival::Send(vec![seq as u8]),
+        )
     }
 
     #[tokio::test]

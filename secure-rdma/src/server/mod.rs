@@ -19,6 +19,8 @@
 //! - `admission`: pending limits, per-identity sessions, slots, quotas, and
 //!   the refusals;
 //! - `devices`: the RDMA device and GID for a connection;
+//! - `streams`: each client's operation stream, remembered across its
+//!   sessions so a reconnect resumes it (exactly once);
 //! - `session_loop`: RDMA setup and the session until it ends;
 //! - [`handler`] and `render`: what the application or the log receives.
 //!
@@ -45,6 +47,7 @@ mod error;
 pub mod handler;
 mod render;
 mod session_loop;
+mod streams;
 
 pub use accept::Summary;
 pub use admission::RDMA_WINDOW;
@@ -52,6 +55,7 @@ pub use config::{Limits, ProtectionPolicy, ServerConfig};
 pub use error::{ConfigError, RdmaSetting, ServerError};
 pub use handler::{handler_fn, Delivery, Handler, HandlerError, HandlerFn, Peer};
 pub use render::{preview, render};
+pub use streams::{ACK_MEMORY, MAX_STREAMS, MAX_STREAMS_PER_IDENTITY};
 
 use admission::KeyCounts;
 use devices::Devices;
@@ -78,6 +82,8 @@ struct Shared {
     cgroup_id: u64,
     /// Where arrivals go; `None` logs them.
     handler: Option<Box<dyn DynHandler>>,
+    /// Every client's operation stream, across its sessions.
+    streams: Arc<streams::Streams>,
 }
 
 /// A bound, not yet running server.
@@ -165,6 +171,7 @@ impl Server {
             devices: Devices::new(fixed, config.gid_index),
             tls,
             metrics: ServerMetrics::default(),
+            streams: Arc::new(streams::Streams::new(config.resume_window)),
             config,
             handler: None,
         };

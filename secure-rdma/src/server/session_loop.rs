@@ -19,10 +19,11 @@ use super::admission::Admitted;
 use super::handler::{Delivery, Peer};
 use super::render::{preview, render};
 use super::{ServerChannel, Shared};
-use crate::datapath::{AbortReason, Ack, ClientRequest, Op};
+use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
 use crate::handshake::{HandshakeError, Message};
 use crate::metrics::{HandshakeOutcome, TimedVerb};
 use crate::ratelimit::LogLimiter;
+use crate::server::handler::HandlerError;
 use crate::session::{Session, SessionError};
 
 /// Steps 3–6: RDMA setup and confirmation, then the client's operations
@@ -46,6 +47,7 @@ pub(super) async fn serve_session(
         session_cfg,
         rdma_acks,
         held,
+        mut stream,
     } = admitted;
     // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
     // stopped reading.
@@ -110,9 +112,16 @@ pub(super) async fn serve_session(
         identity: identity.clone(),
         address: peer,
     });
-    let mut seq = 0u64;
+    // Stream sequences: the first operation of this session is the stream's next undelivered.
+    let mut seq = stream.first - 1;
+    let first = stream.first;
     let reason = loop {
         tokio::select! {
+            _ = stream.evicted() => {
+                // The client reconnected and resumed this stream: this session ends (and drains)
+                // before its new session is answered.
+                break "the client resumed its stream on a new connection".to_owned();
+            }
             request = chan.expect_client_request() => match request {
                 Ok(ClientRequest::Bye) => {
                     let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
@@ -144,13 +153,19 @@ pub(super) async fn serve_session(
                 seq += 1;
                 let op = arrival.op();
                 traffic.received(op, arrival.data().len());
+                if seq <= stream.sent {
+                    metrics.operation_replayed();
+                }
+                let possibly_delivered = seq <= stream.flagged_through;
                 let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);
+                let mut status = AckStatus::Delivered;
                 match &shared.handler {
-                    None => log_arrival(&identity, op, seq, arrival.data(), &mut content_log),
+                    None => log_arrival(&identity, op, seq, possibly_delivered, arrival.data(), &mut content_log),
                     Some(handler) => {
                         // The content is the application's now: only its size is logged.
-                        tracing::debug!(client = %identity, seq, bytes, %op, "handing the arrival to the application");
-                        let delivery = Delivery::new(Arc::clone(&peer), seq, arrival);
+                        tracing::debug!(client = %identity, seq, bytes, %op, possibly_delivered, "handing the arrival to the application");
+                        let delivery = Delivery::new(Arc::clone(&peer), seq, arrival)
+                            .in_stream(stream.id(), possibly_delivered);
                         // Acknowledged only once the application has it (a full channel holds
                         // the client back here); shutdown still wins over a handler that waits.
                         let handled = tokio::select! {
@@ -160,18 +175,31 @@ pub(super) async fn serve_session(
                                 break "server shutdown".to_owned();
                             }
                         };
-                        if let Err(e) = handled {
-                            tracing::warn!(client = %identity, seq, error = %e, "the application did not take an arrival; ending the session unacknowledged");
-                            let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
-                            break format!("{e}");
+                        match handled {
+                            Ok(()) => {}
+                            Err(e @ HandlerError::Refused(_)) => {
+                                // Answered as refused: the client hears it and does not send it
+                                // again, and a resume answers it the same way.
+                                tracing::warn!(client = %identity, seq, error = %e, "the application refused an operation; answering it as refused");
+                                status = AckStatus::Refused;
+                            }
+                            Err(e) => {
+                                tracing::warn!(client = %identity, seq, error = %e, "the application did not take an arrival; ending the session unacknowledged");
+                                let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
+                                break format!("{e}");
+                            }
                         }
                     }
                 }
+                let ack = Ack { op, seq, bytes, status };
+                // Remembered before the client hears it: a resume after this point answers it
+                // from the stream's state instead of taking it again.
+                stream.answered(ack);
                 if rdma_acks {
                     // The streaming data path: the acknowledgement is the client's credit back,
                     // SENT over RDMA (sealed like a payload). Posted without waiting: the send
                     // slots bound what is in flight.
-                    let record = Ack { op, seq, bytes }.encode();
+                    let record = ack.encode();
                     let posting = Instant::now();
                     if let Err(e) = session.post(Op::Send, &record).await {
                         break format!("RDMA error: {e}");
@@ -179,7 +207,7 @@ pub(super) async fn serve_session(
                     traffic.post_send(posting.elapsed());
                     continue;
                 }
-                let ack = Message::Ack { op, seq, bytes };
+                let ack = Message::Ack { op, seq, bytes, status };
                 // Bounded, and shutdown wins even while a client that stopped reading blocks
                 // the write.
                 let sent = tokio::select! {
@@ -206,14 +234,26 @@ pub(super) async fn serve_session(
             }
         }
     };
-    drop(session);
+    // Nothing of this session may land after it: its QP goes to ERROR and every work request
+    // still posted is consumed before the resources are freed and the stream let go (a resume
+    // waiting for this session reads the stream's final state).
+    match session.drain(courtesy).await {
+        Ok(d) if d.discarded > 0 => {
+            tracing::debug!(client = %identity, discarded = d.discarded, "arrivals not taken before the session ended; the client's resume sends them again")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(client = %identity, error = %e, "draining the session's QP"),
+    }
     drop(active);
     drop(held);
+    let stream_id = stream.id();
+    drop(stream);
     let _ = tokio::time::timeout(courtesy, chan.close()).await;
     tracing::info!(
         client = %identity,
         %reason,
-        operations = seq,
+        stream = %stream_id.short(),
+        operations = seq + 1 - first,
         unlogged = content_log.suppressed(),
         "client gone; its PD, CQs, MRs and QP are freed"
     );
@@ -240,20 +280,27 @@ const PREVIEW_BYTES: usize = 64;
 
 /// Logs one arrival when no handler takes it: the full content at debug, a
 /// bounded preview at info while `limit` allows.
-fn log_arrival(identity: &str, op: Op, seq: u64, data: &[u8], limit: &mut LogLimiter) {
+fn log_arrival(
+    identity: &str,
+    op: Op,
+    seq: u64,
+    possibly_delivered: bool,
+    data: &[u8],
+    limit: &mut LogLimiter,
+) {
     let what = match op {
         Op::Send => "SEND received",
         Op::Write => "WRITE landed",
     };
-    tracing::debug!(client = %identity, seq, bytes = data.len(), content = %render(data), "{what} (full content)");
+    tracing::debug!(client = %identity, seq, bytes = data.len(), content = %render(data), possibly_delivered, "{what} (full content)");
     if let Some(suppressed) = limit.check() {
         let content = preview(data, PREVIEW_BYTES);
         match op {
             Op::Send => {
-                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, "SEND received")
+                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, possibly_delivered, "SEND received")
             }
             Op::Write => {
-                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, "WRITE landed")
+                tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, possibly_delivered, "WRITE landed")
             }
         }
     }

@@ -72,6 +72,13 @@ state!(
     Rts,
     "RTS"
 );
+state!(
+    /// Out of service: every posted work request is flushed (completed with a flush error),
+    /// nothing is sent or received any more. Where a session ends so that nothing of it can
+    /// land afterwards.
+    Error,
+    "ERROR"
+);
 impl CanRecv for Init {}
 impl CanRecv for Rtr {}
 impl CanRecv for Rts {}
@@ -299,6 +306,16 @@ impl QueuePair<Rtr> {
 }
 
 impl<S: QpState> QueuePair<S> {
+    /// Any state → ERROR: the device stops the queue pair and flushes every work request still
+    /// posted, each as a completion with a flush error, so its owner can consume them and know
+    /// nothing more will land.
+    pub fn into_error(mut self) -> Result<QueuePair<Error>, VerbsError> {
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        self.modify(&attr, Error::NAME)?;
+        Ok(self.into_state())
+    }
+
     /// The queue pair number.
     pub fn qpn(&self) -> Qpn {
         self.qpn

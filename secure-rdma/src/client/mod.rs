@@ -3,8 +3,6 @@
 //! streaming data path ([`ClientConfig::rdma_acks`]), over RDMA with up to a
 //! window of operations in flight ([`Client::post`], [`Client::flush`]).
 
-use std::collections::VecDeque;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -12,18 +10,23 @@ use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::datapath::{AbortReason, Op};
+use crate::datapath::StreamId;
 use crate::handshake::{
-    Channel, HandshakeError, Kind, Message, RejectReason, Verdict, CAPABILITIES, RDMA_ACKS, VERSION,
+    Channel, HandshakeError, Kind, Message, RejectReason, Resume, StreamHello, Verdict,
+    CAPABILITIES, RDMA_ACKS, VERSION,
 };
 use crate::protect::{Cipher, Protection, Side};
-use crate::session::Arrival;
 use crate::session::{Secrets, Session, SessionConfig, SessionError};
+
+mod link;
+mod stream;
+
 use crate::tls;
 use crate::verbs::{Device, GidSelector, VerbsError};
+use link::Link;
+pub use stream::{Client, Recovering, Recovery, ResumeEvent, ResumeOutcome};
 
 /// Client settings. Built with [`ClientConfig::new`] and the `with_*`
 /// setters, so that new settings can come without breaking callers:
@@ -72,6 +75,11 @@ pub struct ClientConfig {
     /// keep a window of operations in flight. A server that does not offer
     /// it acknowledges over TLS as usual.
     pub rdma_acks: bool,
+    /// What a lost session does to the operations in flight: resumed exactly
+    /// once (the default), sent again at least once, or reported.
+    pub recovery: Recovery,
+    /// How the reconnects of a recovery are spaced and how many are tried.
+    pub backoff: Backoff,
 }
 
 impl ClientConfig {
@@ -91,7 +99,21 @@ impl ClientConfig {
             max_buffer_size: DEFAULT_MAX_BUFFER,
             allow_gid_mismatch: false,
             rdma_acks: false,
+            recovery: Recovery::default(),
+            backoff: Backoff::default(),
         }
+    }
+
+    /// Sets what a lost session does ([`ClientConfig::recovery`]).
+    pub fn with_recovery(mut self, recovery: Recovery) -> ClientConfig {
+        self.recovery = recovery;
+        self
+    }
+
+    /// Sets the reconnects' backoff ([`ClientConfig::backoff`]).
+    pub fn with_backoff(mut self, backoff: Backoff) -> ClientConfig {
+        self.backoff = backoff;
+        self
     }
 
     /// Sets the server port.
@@ -438,7 +460,12 @@ pub struct Phases {
 /// }
 /// # Ok(()) }
 /// ```
+#[derive(Clone)]
 pub struct Connector {
+    inner: Arc<ConnectorInner>,
+}
+
+struct ConnectorInner {
     cfg: ClientConfig,
     tls: Mutex<Option<Arc<rustls::ClientConfig>>>,
     /// The device and GID for the local address they were picked for.
@@ -448,8 +475,8 @@ pub struct Connector {
 impl std::fmt::Debug for Connector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connector")
-            .field("host", &self.cfg.host)
-            .field("port", &self.cfg.port)
+            .field("host", &self.inner.cfg.host)
+            .field("port", &self.inner.cfg.port)
             .finish()
     }
 }
@@ -458,15 +485,17 @@ impl Connector {
     /// A connector for `cfg`; nothing is opened until the first connection.
     pub fn new(cfg: ClientConfig) -> Connector {
         Connector {
-            cfg,
-            tls: Mutex::new(None),
-            device: Mutex::new(None),
+            inner: Arc::new(ConnectorInner {
+                cfg,
+                tls: Mutex::new(None),
+                device: Mutex::new(None),
+            }),
         }
     }
 
     /// The configuration every connection uses.
     pub fn config(&self) -> &ClientConfig {
-        &self.cfg
+        &self.inner.cfg
     }
 
     /// Connects like [`Client::connect`].
@@ -475,13 +504,14 @@ impl Connector {
     }
 
     fn tls_config(&self) -> Result<Arc<rustls::ClientConfig>, ClientError> {
-        let mut slot = self.tls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.inner.tls.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = &*slot {
             return Ok(c.clone());
         }
-        let c = match &self.cfg.identity {
-            Some((cert, key)) => tls::client_config(&self.cfg.ca, cert, key)?,
-            None => tls::client_config_without_cert(&self.cfg.ca)?,
+        let cfg = &self.inner.cfg;
+        let c = match &cfg.identity {
+            Some((cert, key)) => tls::client_config(&cfg.ca, cert, key)?,
+            None => tls::client_config_without_cert(&cfg.ca)?,
         };
         *slot = Some(c.clone());
         Ok(c)
@@ -493,21 +523,43 @@ impl Connector {
         &self,
         local: SocketAddr,
     ) -> Result<(Arc<Device>, crate::verbs::GidEntry), VerbsError> {
-        let mut slot = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.inner.device.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((ip, dev, gid)) = &*slot {
             if *ip == local.ip() {
                 return Ok((dev.clone(), gid.clone()));
             }
         }
-        let (dev, gid) = pick_device(&self.cfg, local)?;
+        let (dev, gid) = pick_device(&self.inner.cfg, local)?;
         *slot = Some((local.ip(), dev.clone(), gid.clone()));
         Ok((dev, gid))
     }
 
     /// Connects, authenticates, is admitted, sets up and confirms RDMA (as [`Client::connect`]),
-    /// and says how long each phase took.
+    /// and says how long each phase took. The client starts a new operation stream.
     pub async fn connect_timed(&self) -> Result<(Client, Phases), ClientError> {
-        let cfg = &self.cfg;
+        let stream = StreamId::random();
+        let (link, identity, device, resume, phases) =
+            self.connect_link(StreamHello::fresh(stream)).await?;
+        if resume != Resume::New {
+            return Err(tls_or(HandshakeError::Invalid {
+                field: "resume",
+                reason: format!("{resume:?} for a stream this client just drew"),
+            }));
+        }
+        Ok((
+            Client::new(self.clone(), link, stream, identity, device),
+            phases,
+        ))
+    }
+
+    /// One session of the operation stream `hello` names: connected, admitted with what the
+    /// server knows of the stream, RDMA set up and confirmed, the payload keys bound to the
+    /// stream from the first operation this session carries.
+    pub(crate) async fn connect_link(
+        &self,
+        hello: StreamHello,
+    ) -> Result<(Link, String, Arc<Device>, Resume, Phases), ClientError> {
+        let cfg = &self.inner.cfg;
         let tls_config = self.tls_config()?;
         let started = Instant::now();
         let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -556,6 +608,7 @@ impl Connector {
                 .map(str::to_owned)
                 .collect(),
             ciphers: cfg.ciphers.clone(),
+            stream: Some(hello),
         })
         .await
         .map_err(tls_or)?;
@@ -567,13 +620,14 @@ impl Connector {
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity, cipher, rdma_window) = match verdict {
+        let (buffer_size, identity, cipher, rdma_window, resume) = match verdict {
             Verdict::Accepted {
                 buffer_size,
                 identity,
                 cipher,
                 rdma_window,
-            } => (buffer_size as usize, identity, cipher, rdma_window),
+                resume,
+            } => (buffer_size as usize, identity, cipher, rdma_window, resume),
             Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
         };
         // The accept is authenticated by TLS, so a downgrade here is the
@@ -616,12 +670,21 @@ impl Connector {
                 }))
             }
         };
+        // The first operation this session carries: where the server's delivery of the stream
+        // stopped, or where the client's acknowledgements stop when the server has forgotten.
+        let first = match &resume {
+            Resume::New => 1,
+            Resume::Resumed { delivered, .. } => delivered.saturating_add(1),
+            Resume::Expired => hello.next,
+        };
         let protection = match cipher {
             None => None,
-            Some(c) => Some(
-                Protection::from_tls(chan.get_ref().get_ref().1, Side::Client, c)
-                    .map_err(tls::TlsError::Config)?,
-            ),
+            Some(c) => {
+                let mut p = Protection::from_tls(chan.get_ref().get_ref().1, Side::Client, c)
+                    .map_err(tls::TlsError::Config)?;
+                p.bind_stream(Side::Client, hello.id, first);
+                Some(p)
+            }
         };
         let server_ip = chan
             .get_ref()
@@ -663,253 +726,19 @@ impl Connector {
             confirmation: timing.confirmation,
             tls_resumed,
         };
-        let client = Client {
+        let link = Link {
             session,
             window,
-            in_flight: VecDeque::new(),
-            ops: 0,
+            in_flight: 0,
             chan,
-            identity,
-            device,
             timeout: cfg.timeout,
         };
-        Ok((client, phases))
+        Ok((link, identity, device, resume, phases))
     }
 }
 
 /// What the server acknowledged.
 pub use crate::datapath::Ack;
-
-/// A connected, confirmed client.
-pub struct Client {
-    // Drop order: the RDMA session before the TLS channel.
-    session: Session,
-    /// `Some(window)` on the streaming data path: acknowledgements come over
-    /// RDMA and up to `window` operations may await theirs.
-    window: Option<usize>,
-    /// Operations posted and not yet acknowledged, oldest first.
-    in_flight: VecDeque<Op>,
-    /// Operations acknowledged in this session; the server numbers its
-    /// acknowledgements the same way.
-    ops: u64,
-    chan: Channel<TlsStream<TcpStream>>,
-    identity: String,
-    device: Arc<Device>,
-    timeout: Duration,
-}
-
-impl Client {
-    /// Connects, authenticates, is admitted, sets up and confirms RDMA.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use secure_rdma::client::{Client, ClientConfig};
-    ///
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut client = Client::connect(
-    ///     &ClientConfig::new("10.77.0.1")
-    ///         .with_identity("certs/alice.pem", "certs/alice.key")
-    ///         .with_timeout(Duration::from_secs(5)),
-    /// )
-    /// .await?;
-    /// let ack = client.send(b"hello over RDMA").await?;
-    /// assert_eq!(ack.bytes, 15);
-    /// client.quit().await;
-    /// # Ok(()) }
-    /// ```
-    pub async fn connect(cfg: &ClientConfig) -> Result<Client, ClientError> {
-        Ok(Connector::new(cfg.clone()).connect_timed().await?.0)
-    }
-
-    /// The identity the server authenticated.
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// The local RDMA device.
-    pub fn device(&self) -> &str {
-        self.device.name()
-    }
-
-    /// The session (wiring, limits).
-    pub fn session(&self) -> &Session {
-        &self.session
-    }
-
-    /// The session itself, to post RDMA operations past this client's
-    /// bookkeeping (tests of clients that misbehave). The server still
-    /// acknowledges every operation; use [`Client::post`] to pipeline.
-    pub fn session_mut(&mut self) -> &mut Session {
-        &mut self.session
-    }
-
-    /// Acknowledgements come over RDMA (the streaming data path), with this
-    /// many operations allowed in flight; `None`: over TLS, one at a time.
-    pub fn rdma_window(&self) -> Option<usize> {
-        self.window
-    }
-
-    /// Operations posted whose acknowledgement has not come yet.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
-    }
-
-    /// Waits for the acknowledgement of the oldest operation in flight
-    /// ([`Client::post`]) and checks that it names that operation; an error
-    /// when none is in flight.
-    pub async fn ack(&mut self) -> Result<Ack, ClientError> {
-        let Some(&op) = self.in_flight.front() else {
-            return Err(ClientError::Session(SessionError::NothingInFlight));
-        };
-        let wait = async {
-            if self.window.is_none() {
-                return self.chan.expect_ack().await.map_err(tls_or);
-            }
-            // The acknowledgement is an RDMA SEND from the server; meanwhile the server may end
-            // the session over TLS (an abort says why).
-            tokio::select! {
-                arrival = self.session.arrival() => match arrival {
-                    Ok(Arrival::Send(record)) => Ack::decode(&record).ok_or(ClientError::Session(
-                        SessionError::BadAck { len: record.len() },
-                    )),
-                    Ok(Arrival::Write(_)) => Err(ClientError::Session(SessionError::Verbs(
-                        VerbsError::UnexpectedCompletion(crate::verbs::WcOpcode::RecvRdmaWithImm),
-                    ))),
-                    Err(e) => Err(ClientError::Session(e)),
-                },
-                closed = self.chan.expect_close() => Err(match closed {
-                    Ok(Some(reason)) => tls_or(HandshakeError::Aborted(reason)),
-                    Ok(None) => tls_or(HandshakeError::Unexpected { expected: Kind::Ack, got: Kind::Bye }),
-                    Err(e) => tls_or(e),
-                }),
-            }
-        };
-        let ack = tokio::time::timeout(self.timeout, wait)
-            .await
-            .map_err(|_| {
-                ClientError::Session(SessionError::Timeout(
-                    self.timeout,
-                    "the server's acknowledgement",
-                ))
-            })??;
-        self.ops += 1;
-        self.in_flight.pop_front();
-        // The server numbers what it received; a number ahead of ours means it received
-        // something we never sent.
-        if ack.seq != self.ops {
-            return Err(ClientError::Forged {
-                acked: ack.seq,
-                made: self.ops,
-            });
-        }
-        if ack.op != op {
-            return Err(ClientError::Session(SessionError::WrongAck {
-                sent: op,
-                acked: ack.op,
-            }));
-        }
-        Ok(ack)
-    }
-
-    /// Posts an RDMA SEND (`Op::Send`) or WRITE (`Op::Write`) without waiting
-    /// for the server's acknowledgement: on the streaming data path up to
-    /// [`Client::rdma_window`] operations are in flight, and a post beyond
-    /// that first waits for the oldest acknowledgement (the server's credit).
-    /// Over TLS acknowledgements, one operation at a time. Returns the
-    /// acknowledgements that came while waiting for room.
-    ///
-    /// ```no_run
-    /// use secure_rdma::client::{Client, ClientConfig};
-    /// use secure_rdma::datapath::Op;
-    ///
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut client = Client::connect(
-    ///     &ClientConfig::new("10.77.0.1")
-    ///         .with_identity("certs/alice.pem", "certs/alice.key")
-    ///         .with_rdma_acks(true),
-    /// )
-    /// .await?;
-    /// let mut acks = Vec::new();
-    /// for chunk in [b"one".as_slice(), b"two", b"three"] {
-    ///     acks.extend(client.post(Op::Send, chunk).await?);
-    /// }
-    /// acks.extend(client.flush().await?);
-    /// assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [1, 2, 3]);
-    /// client.quit().await;
-    /// # Ok(()) }
-    /// ```
-    pub async fn post(&mut self, op: Op, data: &[u8]) -> Result<Vec<Ack>, ClientError> {
-        let window = self.window.unwrap_or(1);
-        let mut acks = Vec::new();
-        while self.in_flight.len() >= window {
-            acks.push(self.ack().await?);
-        }
-        self.session
-            .post(op, data)
-            .await
-            .map_err(ClientError::Session)?;
-        self.in_flight.push_back(op);
-        Ok(acks)
-    }
-
-    /// Waits for the acknowledgement of every operation in flight; returns
-    /// them, oldest first.
-    pub async fn flush(&mut self) -> Result<Vec<Ack>, ClientError> {
-        // A failed RDMA operation is named by its own completion, not by the acknowledgement
-        // that will never come.
-        self.session.flush().await.map_err(ClientError::Session)?;
-        let mut acks = Vec::with_capacity(self.in_flight.len());
-        while !self.in_flight.is_empty() {
-            acks.push(self.ack().await?);
-        }
-        Ok(acks)
-    }
-
-    /// One operation, waited for: earlier ones in flight are acknowledged
-    /// first, then this one; its acknowledgement is returned.
-    async fn one(&mut self, op: Op, data: &[u8]) -> Result<Ack, ClientError> {
-        self.flush().await?;
-        self.post(op, data).await?;
-        self.session.flush().await.map_err(ClientError::Session)?;
-        self.ack().await
-    }
-
-    /// RDMA SENDs `msg` and waits for the server's acknowledgement.
-    pub async fn send(&mut self, msg: &[u8]) -> Result<Ack, ClientError> {
-        self.one(Op::Send, msg).await
-    }
-
-    /// RDMA WRITEs `data` into the server's buffer (with immediate) and waits
-    /// for the acknowledgement.
-    pub async fn write(&mut self, data: &[u8]) -> Result<Ack, ClientError> {
-        self.one(Op::Write, data).await
-    }
-
-    /// Waits until the server ends the session on its own: `Ok(None)` for
-    /// an orderly bye (shutdown, idle), `Ok(Some(reason))` for an abort (an
-    /// RDMA message failed authentication), `Err` when the connection
-    /// broke. Cancel-safe: select on it between operations to notice a lost
-    /// session before the next command.
-    pub async fn closed(&mut self) -> Result<Option<AbortReason>, ClientError> {
-        match self.chan.expect_close().await {
-            // An acknowledgement while we made no operation: the server received a message
-            // we never sent.
-            Err(HandshakeError::Unexpected { got: Kind::Ack, .. }) => Err(ClientError::Forged {
-                acked: self.ops + 1,
-                made: self.ops,
-            }),
-            other => other.map_err(tls_or),
-        }
-    }
-
-    /// Says bye, waits briefly for the server's bye, and frees everything.
-    pub async fn quit(mut self) {
-        if self.chan.send(&Message::Bye).await.is_ok() {
-            let _ = tokio::time::timeout(self.timeout, self.chan.recv::<Message>()).await;
-        }
-        self.chan.close().await;
-    }
-}
 
 fn pick_device(
     cfg: &ClientConfig,
@@ -932,6 +761,7 @@ fn pick_device(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datapath::AbortReason;
 
     #[test]
     fn backoff_grows_exponentially_with_jitter_and_stays_bounded() {

@@ -1,0 +1,103 @@
+//! One session of a client's operation stream: its RDMA session and its TLS
+//! control channel, what is posted on it and the acknowledgements it brings
+//! back. A [`Client`](super::Client) keeps one link at a time and makes a new
+//! one when a session is lost; the link itself knows nothing of streams.
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::{tls_or, ClientError};
+use crate::datapath::{AbortReason, Ack, Op};
+use crate::handshake::{Channel, HandshakeError, Kind, Message};
+use crate::session::{Arrival, Session, SessionError};
+use crate::verbs::VerbsError;
+
+/// A connected, confirmed session.
+pub(crate) struct Link {
+    // Drop order: the RDMA session before the TLS channel.
+    pub(crate) session: Session,
+    /// `Some(window)` on the streaming data path: acknowledgements come over
+    /// RDMA and up to `window` operations may await theirs.
+    pub(crate) window: Option<usize>,
+    /// Operations posted on this link and not yet acknowledged.
+    pub(crate) in_flight: usize,
+    pub(crate) chan: Channel<TlsStream<TcpStream>>,
+    pub(crate) timeout: Duration,
+}
+
+impl Link {
+    /// Operations this link may have unacknowledged at once.
+    pub(crate) fn window(&self) -> usize {
+        self.window.unwrap_or(1)
+    }
+
+    /// Posts one operation (sealed under this session's keys, with the next
+    /// sequence of the stream the keys are bound to).
+    pub(crate) async fn post(&mut self, op: Op, data: &[u8]) -> Result<(), ClientError> {
+        self.session
+            .post(op, data)
+            .await
+            .map_err(ClientError::Session)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Waits for the next acknowledgement: over TLS, or over RDMA on the
+    /// streaming data path, where the server may meanwhile end the session
+    /// over TLS (an abort says why). Bounded by the client's timeout.
+    pub(crate) async fn next_ack(&mut self) -> Result<Ack, ClientError> {
+        let wait = async {
+            if self.window.is_none() {
+                return self.chan.expect_ack().await.map_err(tls_or);
+            }
+            tokio::select! {
+                arrival = self.session.arrival() => match arrival {
+                    Ok(Arrival::Send(record)) => Ack::decode(&record).ok_or(ClientError::Session(
+                        SessionError::BadAck { len: record.len() },
+                    )),
+                    Ok(Arrival::Write(_)) => Err(ClientError::Session(SessionError::Verbs(
+                        VerbsError::UnexpectedCompletion(crate::verbs::WcOpcode::RecvRdmaWithImm),
+                    ))),
+                    Err(e) => Err(ClientError::Session(e)),
+                },
+                closed = self.chan.expect_close() => Err(match closed {
+                    Ok(Some(reason)) => tls_or(HandshakeError::Aborted(reason)),
+                    Ok(None) => tls_or(HandshakeError::Unexpected { expected: Kind::Ack, got: Kind::Bye }),
+                    Err(e) => tls_or(e),
+                }),
+            }
+        };
+        let ack = tokio::time::timeout(self.timeout, wait)
+            .await
+            .map_err(|_| {
+                ClientError::Session(SessionError::Timeout(
+                    self.timeout,
+                    "the server's acknowledgement",
+                ))
+            })??;
+        self.in_flight = self.in_flight.saturating_sub(1);
+        Ok(ack)
+    }
+
+    /// Waits until every posted operation has completed on the RDMA side (a
+    /// failed one is named by its own completion).
+    pub(crate) async fn complete(&mut self) -> Result<(), ClientError> {
+        self.session.flush().await.map_err(ClientError::Session)
+    }
+
+    /// Waits until the server ends the session on its own (see
+    /// [`Client::closed`](super::Client::closed)).
+    pub(crate) async fn closed(&mut self) -> Result<Option<AbortReason>, HandshakeError> {
+        self.chan.expect_close().await
+    }
+
+    /// Says bye, waits briefly for the server's bye, and frees everything.
+    pub(crate) async fn quit(mut self) {
+        if self.chan.send(&Message::Bye).await.is_ok() {
+            let _ = tokio::time::timeout(self.timeout, self.chan.recv::<Message>()).await;
+        }
+        self.chan.close().await;
+    }
+}

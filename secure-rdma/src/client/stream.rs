@@ -1,0 +1,564 @@
+//! The client: an operation stream carried by one session at a time.
+//!
+//! Every operation gets the next sequence of the client's stream (a random
+//! [`StreamId`] drawn once) and is kept until the server acknowledges it.
+//! When a session is lost (the server tore it down after a forged packet, the
+//! connection was reset, an acknowledgement never came, an RDMA error), the
+//! client reconnects with [`Backoff`] and names its stream and where it
+//! stands in it; the server answers with what it already delivered and those
+//! acknowledgements, and the client sends only the rest, in order, with their
+//! original sequences. The caller sees each operation's acknowledgement once,
+//! in order, as if nothing happened ([`Recovery::Resume`]).
+//!
+//! A server that no longer knows the stream (it restarted, or its resume
+//! window passed) says so ([`ResumeOutcome::Expired`]): the client sends
+//! every unacknowledged operation again with its original sequence, and the
+//! server flags those deliveries as possibly delivered before, so an
+//! application that keeps its last sequence per stream delivers each once.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::link::Link;
+use super::{Backoff, ClientError, Connector};
+use crate::datapath::{AbortReason, Ack, Op, StreamId};
+use crate::handshake::{HandshakeError, Kind, Resume, StreamHello};
+use crate::session::{Session, SessionError};
+use crate::verbs::Device;
+
+/// What the client does when a session is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Recovery {
+    /// Reconnect and resume the stream: every operation delivered exactly
+    /// once (the default).
+    #[default]
+    Resume,
+    /// Reconnect with a new stream and send every unacknowledged operation
+    /// again: at least once (an operation whose acknowledgement was lost is
+    /// delivered twice). For comparison with [`Recovery::Resume`].
+    Resend,
+    /// Report the lost session to the caller; nothing is sent again.
+    Fail,
+}
+
+/// How a resume went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResumeOutcome {
+    /// The server knew the stream: `acknowledged` operations had been
+    /// delivered while the client waited (their acknowledgements came with
+    /// the answer), the rest were sent again.
+    Resumed {
+        /// Acknowledgements learned from the answer.
+        acknowledged: usize,
+    },
+    /// The server no longer knew the stream: every unacknowledged operation
+    /// was sent again, flagged as possibly delivered.
+    Expired,
+    /// [`Recovery::Resend`]: a new stream, every unacknowledged operation sent
+    /// again.
+    WithoutResume,
+}
+
+/// One recovered session, for the caller to report ([`Client::take_resumes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResumeEvent {
+    /// Why the session was lost.
+    pub cause: String,
+    /// What the server knew.
+    pub outcome: ResumeOutcome,
+    /// Operations sent again on the new session.
+    pub resent: usize,
+    /// The stream, after the recovery (a new one with [`Recovery::Resend`]).
+    pub stream: StreamId,
+    /// Connection attempts it took.
+    pub attempts: u32,
+    /// From the loss to the new session's answer.
+    pub took: Duration,
+}
+
+/// What a recovery is doing, as it happens ([`Client::on_recovery`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Recovering<'a> {
+    /// The session was lost; a new one is being made.
+    Lost {
+        /// Why.
+        cause: &'a str,
+    },
+    /// A connection attempt failed; the next comes after `delay`.
+    Retrying {
+        /// The attempt that failed (1-based).
+        attempt: u32,
+        /// Its error.
+        error: &'a ClientError,
+        /// The wait before the next.
+        delay: Duration,
+    },
+    /// A new session carries the stream again.
+    Recovered(&'a ResumeEvent),
+}
+
+/// Told each step of a recovery.
+type Observer = Box<dyn FnMut(Recovering<'_>) + Send>;
+
+/// An operation kept until the server acknowledges it.
+struct Pending {
+    seq: u64,
+    op: Op,
+    data: Vec<u8>,
+    /// Posted on the current link (not just kept for the next one).
+    posted: bool,
+}
+
+/// A connected client, whose operations survive a lost session.
+pub struct Client {
+    // Drop order: the link (RDMA, then TLS) first.
+    link: Link,
+    connector: Connector,
+    stream: StreamId,
+    /// The sequence the next new operation gets.
+    next_seq: u64,
+    /// The highest sequence ever posted on any session of the stream.
+    sent: u64,
+    /// Operations without an acknowledgement, oldest first.
+    unacked: VecDeque<Pending>,
+    /// Acknowledgements learned (from a resume, or while waiting for room)
+    /// and not yet returned to the caller, oldest first.
+    ready: VecDeque<Ack>,
+    observer: Option<Observer>,
+    identity: String,
+    device: Arc<Device>,
+}
+
+impl Client {
+    pub(super) fn new(
+        connector: Connector,
+        link: Link,
+        stream: StreamId,
+        identity: String,
+        device: Arc<Device>,
+    ) -> Client {
+        Client {
+            link,
+            connector,
+            stream,
+            next_seq: 1,
+            sent: 0,
+            unacked: VecDeque::new(),
+            ready: VecDeque::new(),
+            observer: None,
+            identity,
+            device,
+        }
+    }
+
+    /// Connects, authenticates, is admitted, sets up and confirms RDMA.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use secure_rdma::client::{Client, ClientConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut client = Client::connect(
+    ///     &ClientConfig::new("10.77.0.1")
+    ///         .with_identity("certs/alice.pem", "certs/alice.key")
+    ///         .with_timeout(Duration::from_secs(5)),
+    /// )
+    /// .await?;
+    /// let ack = client.send(b"hello over RDMA").await?;
+    /// assert_eq!(ack.bytes, 15);
+    /// client.quit().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(cfg: &super::ClientConfig) -> Result<Client, ClientError> {
+        Ok(Connector::new(cfg.clone()).connect_timed().await?.0)
+    }
+
+    /// The identity the server authenticated.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The local RDMA device.
+    pub fn device(&self) -> &str {
+        self.device.name()
+    }
+
+    /// The operation stream (the application's idempotency key with each
+    /// acknowledgement's `seq`).
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// The current session (wiring, limits).
+    pub fn session(&self) -> &Session {
+        &self.link.session
+    }
+
+    /// The current session itself, to post RDMA operations past this
+    /// client's bookkeeping (tests of clients that misbehave). Use
+    /// [`Client::post`] to pipeline.
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.link.session
+    }
+
+    /// Acknowledgements come over RDMA (the streaming data path), with this
+    /// many operations allowed in flight; `None`: over TLS, one at a time.
+    pub fn rdma_window(&self) -> Option<usize> {
+        self.link.window
+    }
+
+    /// Operations posted whose acknowledgement has not come yet.
+    pub fn in_flight(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// Calls `observer` at each step of a recovery, as it happens: the loss,
+    /// each failed attempt, the new session (to log them; a binary prints
+    /// them).
+    ///
+    /// ```no_run
+    /// # async fn demo(mut client: secure_rdma::client::Client) {
+    /// use secure_rdma::client::Recovering;
+    ///
+    /// client.on_recovery(|step| match step {
+    ///     Recovering::Lost { cause } => eprintln!("session lost: {cause}"),
+    ///     Recovering::Recovered(ev) => eprintln!("resumed: {:?}, {} sent again", ev.outcome, ev.resent),
+    ///     _ => {}
+    /// });
+    /// # }
+    /// ```
+    pub fn on_recovery(&mut self, observer: impl FnMut(Recovering<'_>) + Send + 'static) {
+        self.observer = Some(Box::new(observer));
+    }
+
+    fn tell(&mut self, step: Recovering<'_>) {
+        if let Some(o) = self.observer.as_mut() {
+            o(step);
+        }
+    }
+
+    /// The acknowledgement of the oldest operation in flight
+    /// ([`Client::post`]), checked to name that operation; an error when none
+    /// is in flight. A lost session is recovered on the way (see the module
+    /// docs): the acknowledgement may come from the server's resume answer.
+    pub async fn ack(&mut self) -> Result<Ack, ClientError> {
+        loop {
+            if let Some(ack) = self.ready.pop_front() {
+                return Ok(ack);
+            }
+            if self.unacked.is_empty() {
+                return Err(ClientError::Session(SessionError::NothingInFlight));
+            }
+            let result = match self.link.next_ack().await {
+                Ok(ack) => self.matched(ack),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(ack) => return Ok(ack),
+                Err(e) => self.recover(e).await?,
+            }
+        }
+    }
+
+    /// Pops the oldest unacknowledged operation if `ack` names it.
+    fn matched(&mut self, ack: Ack) -> Result<Ack, ClientError> {
+        let Some(front) = self.unacked.front() else {
+            return Err(ClientError::Forged {
+                acked: ack.seq,
+                made: self.next_seq - 1,
+            });
+        };
+        // The server numbers the stream as we do; a number other than our oldest means it
+        // acknowledged something we never sent.
+        if ack.seq != front.seq {
+            return Err(ClientError::Forged {
+                acked: ack.seq,
+                made: self.next_seq - 1,
+            });
+        }
+        if ack.op != front.op {
+            return Err(ClientError::Session(SessionError::WrongAck {
+                sent: front.op,
+                acked: ack.op,
+            }));
+        }
+        self.unacked.pop_front();
+        Ok(ack)
+    }
+
+    /// Posts an RDMA SEND (`Op::Send`) or WRITE (`Op::Write`) without waiting
+    /// for the server's acknowledgement: on the streaming data path up to
+    /// [`Client::rdma_window`] operations are in flight, and a post beyond
+    /// that first waits for the oldest acknowledgement (the server's credit).
+    /// Over TLS acknowledgements, one operation at a time. Returns the
+    /// acknowledgements that came while waiting for room. The operation is
+    /// kept until acknowledged, so a lost session loses none.
+    ///
+    /// ```no_run
+    /// use secure_rdma::client::{Client, ClientConfig};
+    /// use secure_rdma::datapath::Op;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut client = Client::connect(
+    ///     &ClientConfig::new("10.77.0.1")
+    ///         .with_identity("certs/alice.pem", "certs/alice.key")
+    ///         .with_rdma_acks(true),
+    /// )
+    /// .await?;
+    /// let mut acks = Vec::new();
+    /// for chunk in [b"one".as_slice(), b"two", b"three"] {
+    ///     acks.extend(client.post(Op::Send, chunk).await?);
+    /// }
+    /// acks.extend(client.flush().await?);
+    /// assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    /// client.quit().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn post(&mut self, op: Op, data: &[u8]) -> Result<Vec<Ack>, ClientError> {
+        let mut acks = Vec::new();
+        while self.link.in_flight >= self.link.window() && !self.unacked.is_empty() {
+            acks.push(self.ack().await?);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.unacked.push_back(Pending {
+            seq,
+            op,
+            data: data.to_vec(),
+            posted: false,
+        });
+        if let Err(e) = self.post_pending().await {
+            // Recovery sends every kept operation, this one included.
+            self.recover(e).await?;
+        }
+        acks.extend(self.ready.drain(..));
+        Ok(acks)
+    }
+
+    /// Posts every kept operation not yet posted on the current link, in
+    /// order, waiting for acknowledgements (into `ready`) when the window is
+    /// full.
+    async fn post_pending(&mut self) -> Result<(), ClientError> {
+        while let Some(i) = self.unacked.iter().position(|p| !p.posted) {
+            if self.link.in_flight >= self.link.window() {
+                let ack = self.link.next_ack().await?;
+                let ack = self.matched(ack)?;
+                self.ready.push_back(ack);
+                continue;
+            }
+            let p = &self.unacked[i];
+            let (op, seq) = (p.op, p.seq);
+            self.link.post(op, &self.unacked[i].data).await?;
+            self.unacked[i].posted = true;
+            self.sent = self.sent.max(seq);
+        }
+        Ok(())
+    }
+
+    /// Waits for the acknowledgement of every operation in flight; returns
+    /// them (and any learned while waiting), oldest first.
+    pub async fn flush(&mut self) -> Result<Vec<Ack>, ClientError> {
+        // A failed RDMA operation is named by its own completion, not by the acknowledgement
+        // that will never come.
+        if let Err(e) = self.link.complete().await {
+            self.recover(e).await?;
+        }
+        let mut acks: Vec<Ack> = self.ready.drain(..).collect();
+        while !self.unacked.is_empty() || !self.ready.is_empty() {
+            acks.push(self.ack().await?);
+        }
+        Ok(acks)
+    }
+
+    /// One operation, waited for: earlier ones in flight are acknowledged
+    /// first, then this one; its acknowledgement is returned.
+    async fn one(&mut self, op: Op, data: &[u8]) -> Result<Ack, ClientError> {
+        self.flush().await?;
+        self.post(op, data).await?;
+        let mut acks = self.flush().await?;
+        acks.pop()
+            .ok_or(ClientError::Session(SessionError::NothingInFlight))
+    }
+
+    /// RDMA SENDs `msg` and waits for the server's acknowledgement.
+    pub async fn send(&mut self, msg: &[u8]) -> Result<Ack, ClientError> {
+        self.one(Op::Send, msg).await
+    }
+
+    /// RDMA WRITEs `data` into the server's buffer (with immediate) and waits
+    /// for the acknowledgement.
+    pub async fn write(&mut self, data: &[u8]) -> Result<Ack, ClientError> {
+        self.one(Op::Write, data).await
+    }
+
+    /// Waits until the server ends the session on its own: `Ok(None)` for
+    /// an orderly bye (shutdown, idle), `Ok(Some(reason))` for an abort (an
+    /// RDMA message failed authentication), `Err` when the connection
+    /// broke. Cancel-safe: select on it between operations to notice a lost
+    /// session before the next command, then [`Client::reconnect`].
+    pub async fn closed(&mut self) -> Result<Option<AbortReason>, ClientError> {
+        match self.link.closed().await {
+            // An acknowledgement while we made no operation: the server received a message
+            // we never sent.
+            Err(HandshakeError::Unexpected { got: Kind::Ack, .. }) => Err(ClientError::Forged {
+                acked: self.next_seq,
+                made: self.next_seq - 1,
+            }),
+            other => other.map_err(super::tls_or),
+        }
+    }
+
+    /// A new session for the stream now (after [`Client::closed`] said the
+    /// last one ended): resumes it as a lost session would be, and reports
+    /// how it went.
+    pub async fn reconnect(&mut self, cause: &str) -> Result<ResumeEvent, ClientError> {
+        let recovery = match self.connector.config().recovery {
+            Recovery::Fail => Recovery::Resume,
+            other => other,
+        };
+        self.recover_from(cause.to_owned(), recovery).await
+    }
+
+    /// Says bye, waits briefly for the server's bye, and frees everything.
+    pub async fn quit(self) {
+        self.link.quit().await;
+    }
+
+    /// Recovers from `e` if it is a lost session and the configuration says
+    /// so; otherwise returns it.
+    async fn recover(&mut self, e: ClientError) -> Result<(), ClientError> {
+        let recovery = self.connector.config().recovery;
+        if recovery == Recovery::Fail || !e.is_session_lost() {
+            return Err(e);
+        }
+        let cause = e.to_string();
+        self.recover_from(cause, recovery).await.map(drop)
+    }
+
+    /// Connects again (with the configured backoff) and resumes the stream
+    /// (or, with [`Recovery::Resend`], starts a new one), then sends again
+    /// what the server does not have.
+    async fn recover_from(
+        &mut self,
+        cause: String,
+        recovery: Recovery,
+    ) -> Result<ResumeEvent, ClientError> {
+        let lost = Instant::now();
+        self.tell(Recovering::Lost { cause: &cause });
+        let backoff: Backoff = self.connector.config().backoff;
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            match self.resume_once(recovery).await {
+                Ok((outcome, resent)) => {
+                    tracing::info!(
+                        stream = %self.stream.short(),
+                        ?outcome,
+                        resent,
+                        attempts,
+                        %cause,
+                        "session recovered"
+                    );
+                    let event = ResumeEvent {
+                        cause,
+                        outcome,
+                        resent,
+                        stream: self.stream,
+                        attempts,
+                        took: lost.elapsed(),
+                    };
+                    self.tell(Recovering::Recovered(&event));
+                    return Ok(event);
+                }
+                Err(e) if e.is_session_lost() && attempts <= backoff.attempts => {
+                    let delay = backoff.delay(attempts - 1);
+                    tracing::debug!(error = %e, attempts, ?delay, "reconnecting");
+                    self.tell(Recovering::Retrying {
+                        attempt: attempts,
+                        error: &e,
+                        delay,
+                    });
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One attempt: a new session, the server's answer applied, the rest sent again.
+    async fn resume_once(
+        &mut self,
+        recovery: Recovery,
+    ) -> Result<(ResumeOutcome, usize), ClientError> {
+        if recovery == Recovery::Resend {
+            // A new stream: the server cannot know which of these it has, so they are sent
+            // again under new sequences.
+            self.stream = StreamId::random();
+            let mut seq = 0;
+            for p in self.unacked.iter_mut() {
+                seq += 1;
+                p.seq = seq;
+            }
+            self.next_seq = seq + 1;
+            self.sent = 0;
+        }
+        let hello = StreamHello {
+            id: self.stream,
+            next: self.unacked.front().map_or(self.next_seq, |p| p.seq),
+            sent: self.sent,
+        };
+        let (link, identity, device, resume, _) = self.connector.connect_link(hello).await?;
+        // The old link goes now: its QP can deliver nothing the new answer does not cover.
+        self.link = link;
+        self.identity = identity;
+        self.device = device;
+        for p in self.unacked.iter_mut() {
+            p.posted = false;
+        }
+        let outcome = match resume {
+            Resume::New if recovery == Recovery::Resend => ResumeOutcome::WithoutResume,
+            Resume::New => {
+                if hello.sent > 0 || hello.next > 1 {
+                    return Err(super::tls_or(HandshakeError::Invalid {
+                        field: "resume",
+                        reason: "the server treats a stream already in use as new".into(),
+                    }));
+                }
+                ResumeOutcome::Resumed { acknowledged: 0 }
+            }
+            Resume::Resumed { delivered, acks } => {
+                if delivered + 1 < hello.next || delivered > hello.sent {
+                    return Err(super::tls_or(HandshakeError::Invalid {
+                        field: "resume",
+                        reason: format!(
+                            "delivered {delivered}, but this client had acknowledgements up to {} and sent up to {}",
+                            hello.next - 1,
+                            hello.sent
+                        ),
+                    }));
+                }
+                let n = acks.len();
+                for ack in acks {
+                    let ack = self.matched(Ack::from(ack))?;
+                    self.ready.push_back(ack);
+                }
+                if self.unacked.front().is_some_and(|p| p.seq <= delivered) {
+                    return Err(super::tls_or(HandshakeError::Invalid {
+                        field: "resume",
+                        reason: format!("delivered {delivered} without every acknowledgement"),
+                    }));
+                }
+                ResumeOutcome::Resumed { acknowledged: n }
+            }
+            Resume::Expired => ResumeOutcome::Expired,
+        };
+        let resent = self.unacked.len();
+        self.post_pending().await?;
+        Ok((outcome, resent))
+    }
+}
