@@ -97,6 +97,8 @@ pub struct StreamSummary {
     pub rate: f64,
     /// Operations allowed in flight.
     pub window: u64,
+    /// Operations posted together at each step of the pace.
+    pub burst: u64,
     /// Acknowledgements that were not the next operation's, or not delivered.
     pub violations: Vec<String>,
     /// The error that ended the stream early, if one did.
@@ -339,6 +341,8 @@ pub struct StreamSpec {
     pub rate: f64,
     /// Operations in flight at most.
     pub window: u64,
+    /// Operations posted together at each step of the pace (1: evenly spaced).
+    pub burst: u64,
     /// The client's per-step timeout, in seconds (how long it waits for an acknowledgement
     /// before it gives the session up).
     pub timeout_secs: u64,
@@ -380,6 +384,7 @@ impl StreamRun {
             .args(["--ops", &spec.ops.to_string()])
             .args(["--rate", &spec.rate.to_string()])
             .args(["--window", &spec.window.to_string()])
+            .args(["--burst", &spec.burst.to_string()])
             .args(["--timeout", &spec.timeout_secs.to_string()])
             .env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
@@ -522,7 +527,7 @@ impl IngressDrop {
         let listing = run(Command::new("nft").args(["list", "table", "netdev", &self.table]));
         listing
             .lines()
-            .find(|l| l.contains(" drop"))
+            .find(|l| l.contains("counter packets"))
             .and_then(|l| {
                 let words: Vec<&str> = l.split_whitespace().collect();
                 let i = words.iter().position(|w| *w == "packets")?;

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use secure_rdma_tests::secure::{bin, Pki};
 use secure_rdma_tests::stream::{
-    assert_exactly_once_in_order, IngressDrop, MessageServer, Netem, StreamOutcome, StreamRun,
-    StreamSpec,
+    assert_exactly_once_in_order, IngressDrop, MessageServer, Netem, Stats, StreamOutcome,
+    StreamRun, StreamSpec,
 };
 use secure_rdma_tests::{require_lab, text, wait_with_deadline, ADDR_A, ADDR_B};
 use serde_json::{json, Value};
@@ -78,6 +78,7 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
         ops: OPS,
         rate: 200.0,
         window: 16,
+        burst: 1,
         // Gives the session up soon after its acknowledgements stop.
         timeout_secs: 3,
     };
@@ -86,12 +87,13 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
         s.deliveries().len() >= 300
     });
     let ended_before = server.sessions_ended();
-    let delivered_before = server.deliveries().len();
 
     // The server's RoCEv2 packets towards the client (its acknowledgement SENDs and its
     // transport ACKs) vanish on the client's link; the client's own still arrive.
     let rule = IngressDrop::roce("veth-b", ADDR_A, ADDR_B);
     let added = Instant::now();
+    // Counted once the rule is in: what the server delivers from now on, it cannot acknowledge.
+    let delivered_before = server.deliveries().len();
     server.wait("the session to be given up", STEP, |s| {
         s.sessions_ended() > ended_before
     });
@@ -170,10 +172,10 @@ fn inject_once(hex: &str) -> Injection {
     let start = Instant::now();
     let mut cmd = Command::new(bin("rdma-inject"));
     cmd.args(["--observe", "veth-b", "--dst", ADDR_A, "--send-hex", hex])
-        // A paced stream pauses between posts: inject in the first pause after two requests.
+        // Inject in the first pause between groups of the stream, after two requests.
         .args([
             "--quiet-ms",
-            "2",
+            "20",
             "--min-packets",
             "2",
             "--timeout",
@@ -207,6 +209,10 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
     const OPS: u64 = 12_000;
     const BASELINE_OPS: u64 = 2_000;
     const STORM: u64 = 60;
+    // 200 a second as 16 every 80 ms: the link is quiet between groups, where an on-path
+    // attacker who watches it slips its packet in (with operations evenly 5 ms apart, its
+    // packet mostly comes after the genuine one with the same PSN, a duplicate rxe drops).
+    const BURST: u64 = 16;
     require_lab();
     let pki = pki(&[VICTIM, "calm"]);
     let server = MessageServer::start(&pki, PORT, &[]);
@@ -220,6 +226,7 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             ops: BASELINE_OPS,
             rate: RATE,
             window: 16,
+            burst: BURST,
             timeout_secs: 10,
         },
     )
@@ -235,6 +242,7 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             ops: OPS,
             rate: RATE,
             window: 16,
+            burst: BURST,
             timeout_secs: 10,
         },
     );
@@ -246,6 +254,10 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             >= 100
     });
     let hex = forged_sealed_hex();
+    // What rxe-a made of the forgeries that did not land: a PSN already taken is a duplicate,
+    // one ahead is out of sequence (the attacker's view of the flow was stale).
+    let counter = |name: &str| secure_rdma_tests::inject::hw_counter("rxe-a", name);
+    let (dup0, oos0) = (counter("duplicate_request"), counter("out_of_seq_request"));
     let storm_start = Instant::now();
     let mut injections = Vec::new();
     for k in 0..STORM {
@@ -259,6 +271,10 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
         injections.push(inject_once(&hex));
     }
     let storm_took = storm_start.elapsed();
+    let (dup, oos) = (
+        counter("duplicate_request") - dup0,
+        counter("out_of_seq_request") - oos0,
+    );
     let out = run.finish(Duration::from_secs(240));
     assert_stream_exactly_once(&server, VICTIM, OPS, &out);
 
@@ -279,7 +295,14 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             "rate": RATE,
             "window": 16,
             "storm_s": storm_took.as_secs_f64(),
+            "burst": BURST,
             "injector_runs": injections.len(),
+            "injector_run_ms": {
+                "p50": Stats::of(injections.iter().map(|i| i.took.as_secs_f64() * 1000.0).collect()).p50,
+                "max": Stats::of(injections.iter().map(|i| i.took.as_secs_f64() * 1000.0).collect()).max,
+            },
+            "rxe_a_duplicate_request": dup,
+            "rxe_a_out_of_seq_request": oos,
             "injected": injected.len(),
             "sessions_aimed_at": qpns.len(),
             "landed": landed,
@@ -294,7 +317,6 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             "undisturbed_per_s": calm.summary.throughput_per_s,
             "throughput_lost_pct": lost_pct,
             "elapsed_s": s.elapsed_s,
-            "injector_run_ms_max": injections.iter().map(|i| i.took.as_millis() as u64).max(),
         }})
     );
     assert!(
@@ -354,6 +376,7 @@ fn loss_duplication_and_reordering_on_the_link_still_deliver_every_operation_onc
             // As fast as the window allows: the most operations at risk at once.
             rate: 0.0,
             window: 16,
+            burst: 1,
             timeout_secs: 10,
         },
     );

@@ -35,6 +35,10 @@ struct Args {
     /// Operations in flight at most.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
     window: u64,
+    /// Operations posted together: the pace is kept per group (`--burst 16 --rate 200`: 16
+    /// operations every 80 ms), leaving the link quiet between groups.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    burst: u64,
     /// Seconds each step may take (an acknowledgement, a connection) before the session is
     /// given up.
     #[arg(long, default_value_t = 10)]
@@ -173,7 +177,8 @@ async fn stream(
     };
     while t.expect <= args.ops {
         let in_flight = *sent - (t.expect - 1);
-        let due = start + period.mul_f64(*sent as f64);
+        // Every operation of a group falls due with the group's first.
+        let due = start + period.mul_f64((*sent / args.burst * args.burst) as f64);
         if *sent < args.ops && in_flight < args.window && Instant::now() >= due {
             let acks = client
                 .post(Op::Send, op_content(*sent + 1).as_bytes())
@@ -267,6 +272,7 @@ async fn main() -> std::process::ExitCode {
         },
         rate: args.rate,
         window: args.window,
+        burst: args.burst,
         ok: outcome.is_ok() && t.violations.is_empty() && acknowledged == args.ops,
         violations: t.violations,
         error: outcome.err().map(|e| e.to_string()),
