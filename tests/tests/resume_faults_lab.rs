@@ -268,6 +268,10 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
         if !run.running() {
             break;
         }
+        // One attacker at a time: under emulation a run (start, learn, inject) takes about a
+        // second and more, so the storm is as dense as one attacker makes it; attackers run
+        // side by side took the CPU the stream needed (a fifth of its throughput lost) and
+        // landed fewer forgeries.
         injections.push(inject_once(&hex));
     }
     let storm_took = storm_start.elapsed();
