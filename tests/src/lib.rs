@@ -11,6 +11,7 @@ pub mod faults;
 pub mod inject;
 pub mod piped;
 pub mod secure;
+pub mod stream;
 pub mod tcp;
 
 use std::path::{Path, PathBuf};

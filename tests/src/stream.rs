@@ -1,0 +1,645 @@
+//! Streams of numbered operations across lost sessions (issue 20): the `stream-client` driver
+//! and its JSON summary, the `message_server --ids` example that counts every delivery, and the
+//! faults a test puts on the lab's link (an nftables drop rule, netem qdiscs), each undone by a
+//! guard when it drops, so a failing test leaves the lab as it found it.
+//!
+//! Operation `n` of a stream carries [`op_content`]`(n)` (`op-000001`, …); the stream's
+//! sequence numbers are the same `n`, so a run is correct when the server application saw
+//! exactly `op-000001 ..= op-N`, each once, in order ([`assert_exactly_once_in_order`]).
+
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::secure::{bin, Lines, Pki};
+use crate::{bin_dir, text, wait_with_deadline, ADDR_A};
+
+/// How long starting a server or a client may take under emulation.
+const STEP: Duration = Duration::from_secs(90);
+
+/// The content of operation `n` of a stream.
+pub fn op_content(n: u64) -> String {
+    format!("op-{n:06}")
+}
+
+/// Percentiles of a set of durations, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// How many samples.
+    pub count: usize,
+    /// The median.
+    pub p50: f64,
+    /// The 99th percentile (nearest rank).
+    pub p99: f64,
+    /// The largest.
+    pub max: f64,
+    /// Every sample, in the order measured.
+    pub samples: Vec<f64>,
+}
+
+impl Stats {
+    /// The statistics of `samples` (nearest-rank percentiles; zeros when empty).
+    pub fn of(samples: Vec<f64>) -> Stats {
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let rank = |p: f64| -> f64 {
+            if sorted.is_empty() {
+                return 0.0;
+            }
+            let i = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+            sorted[i.clamp(1, sorted.len()) - 1]
+        };
+        Stats {
+            count: sorted.len(),
+            p50: rank(50.0),
+            p99: rank(99.0),
+            max: sorted.last().copied().unwrap_or(0.0),
+            samples,
+        }
+    }
+}
+
+/// What `stream-client` prints as its last stdout line.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StreamSummary {
+    /// Operations the stream was to make.
+    pub ops: u64,
+    /// Operations the application posted (each once; the library's replays are not counted).
+    pub sent: u64,
+    /// Acknowledgements the application received, in order and each once.
+    pub acknowledged: u64,
+    /// Sessions the library lost (each noticed once).
+    pub losses: u64,
+    /// Resumes the library made (lost sessions it recovered from).
+    pub resumes: u64,
+    /// Acknowledgements the library learned from the server's resume answers: operations
+    /// delivered while their acknowledgement was lost.
+    pub acknowledged_while_away: u64,
+    /// Operations the library sent again on a new session.
+    pub resent: u64,
+    /// How long each recovery took, from the loss to the new session's answer, in ms (the
+    /// library's own measure).
+    pub resume_took_ms: Stats,
+    /// What the library said of each resume (its events, as Debug text).
+    pub resume_events: Vec<String>,
+    /// Operations the client had in flight when each resume was noticed: the most of them.
+    pub in_flight_at_resume_max: u64,
+    /// From each session loss to the first acknowledgement handed back after it, in ms.
+    pub recovery_ms: Stats,
+    /// The longest gap between two acknowledgements outside any resume, in ms.
+    pub longest_other_gap_ms: f64,
+    /// From the first post to the last acknowledgement, in seconds.
+    pub elapsed_s: f64,
+    /// Acknowledged operations per second over `elapsed_s`.
+    pub throughput_per_s: f64,
+    /// The pace asked for (operations per second; 0: as fast as the window allows).
+    pub rate: f64,
+    /// Operations allowed in flight.
+    pub window: u64,
+    /// Operations posted together at each step of the pace.
+    pub burst: u64,
+    /// Acknowledgements that were not the next operation's, or not delivered.
+    pub violations: Vec<String>,
+    /// The error that ended the stream early, if one did.
+    pub error: Option<String>,
+    /// True when every operation was acknowledged exactly once, in order.
+    pub ok: bool,
+}
+
+/// A path under the workspace's examples directory.
+pub fn example(name: &str) -> Command {
+    let path = bin_dir().join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} missing: build the examples first (cargo build --workspace --examples)",
+        path.display()
+    );
+    Command::new(path)
+}
+
+/// One delivery the server application printed: `identity #SEQ: "content"`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// The client identity.
+    pub identity: String,
+    /// The stream sequence.
+    pub seq: u64,
+    /// The content, unquoted.
+    pub content: String,
+    /// Flagged as possibly delivered before (replayed after the server lost the stream).
+    pub possibly_delivered: bool,
+}
+
+/// Parses one `message_server --ids` line; `None` for other lines.
+pub fn parse_delivery(line: &str) -> Option<Delivered> {
+    let (line, possibly_delivered) = match line.strip_suffix(" (possibly delivered)") {
+        Some(l) => (l, true),
+        None => (line, false),
+    };
+    let (head, quoted) = line.split_once(": \"")?;
+    let content = quoted.strip_suffix('"')?;
+    let (identity, seq) = head.rsplit_once(" #")?;
+    Some(Delivered {
+        identity: identity.to_owned(),
+        seq: seq.parse().ok()?,
+        content: content.to_owned(),
+        possibly_delivered,
+    })
+}
+
+/// Checks that `identity`'s deliveries are exactly operations 1 ..= `n`, each once, in order,
+/// each under its own stream sequence; panics with what went wrong (duplicates, gaps, order).
+pub fn assert_exactly_once_in_order(all: &[Delivered], identity: &str, n: u64) {
+    let mine: Vec<&Delivered> = all.iter().filter(|d| d.identity == identity).collect();
+    let mut problems = Vec::new();
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for d in &mine {
+        *seen.entry(d.content.clone()).or_default() += 1;
+    }
+    let duplicates: Vec<_> = seen.iter().filter(|(_, &c)| c > 1).collect();
+    if !duplicates.is_empty() {
+        problems.push(format!(
+            "{} contents delivered more than once, first: {:?}",
+            duplicates.len(),
+            &duplicates[..duplicates.len().min(10)]
+        ));
+    }
+    let missing: Vec<u64> = (1..=n)
+        .filter(|&i| !seen.contains_key(&op_content(i)))
+        .collect();
+    if !missing.is_empty() {
+        problems.push(format!(
+            "{} operations never delivered, first: {:?}",
+            missing.len(),
+            &missing[..missing.len().min(10)]
+        ));
+    }
+    let strays: Vec<&String> = seen
+        .keys()
+        .filter(|c| {
+            c.strip_prefix("op-")
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_none_or(|i| i == 0 || i > n)
+        })
+        .collect();
+    if !strays.is_empty() {
+        problems.push(format!(
+            "contents that are no operation of the stream: {strays:?}"
+        ));
+    }
+    let misplaced: Vec<String> = mine
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| {
+            let want = *i as u64 + 1;
+            d.content != op_content(want) || d.seq != want
+        })
+        .take(10)
+        .map(|(i, d)| format!("delivery {} was #{} {:?}", i + 1, d.seq, d.content))
+        .collect();
+    if !misplaced.is_empty() && problems.is_empty() {
+        problems.push(format!("out of order: {misplaced:?}"));
+    }
+    assert!(
+        problems.is_empty() && mine.len() as u64 == n,
+        "{identity}: {} deliveries for {n} operations: {}",
+        mine.len(),
+        problems.join("; ")
+    );
+}
+
+// ------------------------------------------------------------------ the server application
+
+/// A running `message_server --ids` (the secure-rdma crate's example server application).
+pub struct MessageServer {
+    /// The process.
+    pub child: Child,
+    /// Its stdout: one line per delivery.
+    pub out: Lines,
+    /// Its stderr: the library's log at info (sessions, authentication failures).
+    pub err: Lines,
+    /// The port it listens on.
+    pub port: u16,
+}
+
+impl MessageServer {
+    /// Starts it on 10.77.0.1:`port` with `--ids` and `extra`, and waits until it listens.
+    pub fn start(pki: &Pki, port: u16, extra: &[&str]) -> MessageServer {
+        let mut child = example("message_server")
+            .args(["--ids", "--listen", &format!("{ADDR_A}:{port}"), "--certs"])
+            .arg(pki.dir())
+            .args(extra)
+            // Info: "client connected", "client gone" and the authentication warnings.
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn message_server");
+        let out = Lines::collect(child.stdout.take().expect("stdout"));
+        let err = Lines::collect(child.stderr.take().expect("stderr"));
+        let server = MessageServer {
+            child,
+            out,
+            err,
+            port,
+        };
+        let start = Instant::now();
+        while !server
+            .out
+            .snapshot()
+            .iter()
+            .any(|l| l.starts_with("message_server listening on "))
+        {
+            assert!(
+                start.elapsed() < STEP,
+                "message_server not listening\n{}",
+                server.context()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    /// Every delivery so far, in the order printed.
+    pub fn deliveries(&self) -> Vec<Delivered> {
+        self.out
+            .snapshot()
+            .iter()
+            .filter_map(|l| parse_delivery(l))
+            .collect()
+    }
+
+    /// Stderr lines containing `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.err
+            .snapshot()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Sessions set up ("client connected").
+    pub fn sessions(&self) -> usize {
+        self.log_count("client connected")
+    }
+
+    /// Sessions ended ("client gone").
+    pub fn sessions_ended(&self) -> usize {
+        self.log_count("client gone")
+    }
+
+    /// RDMA messages that failed authentication (each tears its session down).
+    pub fn auth_failures(&self) -> usize {
+        self.log_count("failed authentication (forged, replayed or corrupted); tearing")
+    }
+
+    /// Its stderr and the last stdout lines, for failure messages.
+    pub fn context(&self) -> String {
+        let out = self.out.snapshot();
+        let tail = &out[out.len().saturating_sub(20)..];
+        format!(
+            "message_server stdout (last {} of {} lines):\n{}\nmessage_server stderr:\n{}",
+            tail.len(),
+            out.len(),
+            tail.join("\n"),
+            self.err.snapshot().join("\n")
+        )
+    }
+
+    /// Waits until `cond` holds on the server; fails with its context at `deadline`.
+    pub fn wait(&self, what: &str, deadline: Duration, cond: impl Fn(&MessageServer) -> bool) {
+        let start = Instant::now();
+        while !cond(self) {
+            assert!(
+                start.elapsed() < deadline,
+                "timed out after {deadline:?} waiting for {what}\n{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for MessageServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ------------------------------------------------------------------ the stream driver
+
+/// What a stream run asks for.
+#[derive(Clone, Debug)]
+pub struct StreamSpec {
+    /// Operations in all.
+    pub ops: u64,
+    /// Operations per second (0: as fast as the window allows).
+    pub rate: f64,
+    /// Operations in flight at most.
+    pub window: u64,
+    /// Operations posted together at each step of the pace (1: evenly spaced).
+    pub burst: u64,
+    /// The client's per-step timeout, in seconds (how long it waits for an acknowledgement
+    /// before it gives the session up).
+    pub timeout_secs: u64,
+}
+
+/// A running `stream-client`.
+pub struct StreamRun {
+    child: Option<Child>,
+    /// Its stdout (the summary is the last line).
+    pub out: Lines,
+    /// Its stderr (one JSON line per resume; the library's warnings).
+    pub err: Lines,
+    started: Instant,
+}
+
+/// How a stream run ended.
+#[derive(Debug)]
+pub struct StreamOutcome {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Its summary.
+    pub summary: StreamSummary,
+    /// The summary line as printed (JSON).
+    pub summary_line: String,
+    /// Its stderr.
+    pub stderr: String,
+    /// Wall-clock time of the whole process, start to exit.
+    pub wall: Duration,
+}
+
+impl StreamRun {
+    /// Starts `stream-client` as `name` against the server on 10.77.0.1:`port`.
+    pub fn start(pki: &Pki, port: u16, name: &str, spec: &StreamSpec) -> StreamRun {
+        let mut child = Command::new(bin("stream-client"))
+            .arg(ADDR_A)
+            .args(["--port", &port.to_string(), "--certs"])
+            .arg(pki.dir())
+            .args(["--name", name])
+            .args(["--ops", &spec.ops.to_string()])
+            .args(["--rate", &spec.rate.to_string()])
+            .args(["--window", &spec.window.to_string()])
+            .args(["--burst", &spec.burst.to_string()])
+            .args(["--timeout", &spec.timeout_secs.to_string()])
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn stream-client (built by cargo build --workspace --bins)");
+        let out = Lines::collect(child.stdout.take().expect("stdout"));
+        let err = Lines::collect(child.stderr.take().expect("stderr"));
+        StreamRun {
+            child: Some(child),
+            out,
+            err,
+            started: Instant::now(),
+        }
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Its stdout and stderr so far, for failure messages.
+    pub fn context(&self) -> String {
+        format!(
+            "stream-client stdout:\n{}\nstream-client stderr:\n{}",
+            self.out.snapshot().join("\n"),
+            self.err.snapshot().join("\n")
+        )
+    }
+
+    /// Waits for the exit (killing it at `deadline`) and reads the summary.
+    pub fn finish(mut self, deadline: Duration) -> StreamOutcome {
+        let child = self.child.take().expect("a stream run finishes once");
+        // Its pipes are already taken: wait_with_deadline only waits and kills.
+        let status = wait_with_deadline(child, deadline, "stream-client").status;
+        let wall = self.started.elapsed();
+        // The reader thread may hold the last line for a moment after the exit.
+        let start = Instant::now();
+        let summary_line = loop {
+            let last = self
+                .out
+                .snapshot()
+                .into_iter()
+                .rev()
+                .find(|l| l.starts_with('{'));
+            if let Some(l) = last {
+                break l;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "stream-client exited {status} without a summary\n{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let summary: StreamSummary = serde_json::from_str(&summary_line)
+            .unwrap_or_else(|e| panic!("stream-client's summary: {e}\n{}", self.context()));
+        StreamOutcome {
+            status,
+            summary,
+            summary_line,
+            stderr: self.err.snapshot().join("\n"),
+            wall,
+        }
+    }
+}
+
+impl Drop for StreamRun {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+// ------------------------------------------------------------------ faults on the link
+
+/// Runs a command that must succeed (root lab tools: nft, tc); its stdout.
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}",
+        out.status,
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// An nftables rule dropping RoCEv2 (UDP 4791) from one lab address to the other as it
+/// arrives on `iface`; its table is deleted when this guard drops.
+///
+/// The rule sits on the receiving interface's ingress hook (family netdev): it sees every
+/// frame the peer sent, whichever socket made it (rxe sends from the kernel).
+pub struct IngressDrop {
+    table: String,
+}
+
+impl IngressDrop {
+    /// Drops UDP 4791 from `src` to `dst` arriving on `iface`.
+    pub fn roce(iface: &str, src: &str, dst: &str) -> IngressDrop {
+        let table = format!("resume_lab_{}", std::process::id());
+        let guard = IngressDrop { table };
+        let script = format!(
+            "table netdev {t} {{\n  chain drop_roce {{\n    type filter hook ingress device \"{iface}\" priority 0; policy accept;\n    ip saddr {src} ip daddr {dst} udp dport 4791 counter drop\n  }}\n}}\n",
+            t = guard.table
+        );
+        let mut child = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run nft (apt-get install nftables)");
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("nft stdin");
+            stdin
+                .write_all(script.as_bytes())
+                .expect("write the nft script");
+        }
+        let out = child.wait_with_output().expect("wait for nft");
+        assert!(
+            out.status.success(),
+            "adding the nft rule failed: {}\n{script}",
+            text(&out.stderr)
+        );
+        guard
+    }
+
+    /// Packets the rule dropped so far.
+    pub fn dropped(&self) -> u64 {
+        let listing = run(Command::new("nft").args(["list", "table", "netdev", &self.table]));
+        listing
+            .lines()
+            .find(|l| l.contains("counter packets"))
+            .and_then(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                let i = words.iter().position(|w| *w == "packets")?;
+                words.get(i + 1)?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no packet count in {listing}"))
+    }
+}
+
+impl Drop for IngressDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "netdev", &self.table])
+            .output();
+    }
+}
+
+/// A netem qdisc at the root of each of some interfaces; deleted when this guard drops.
+pub struct Netem {
+    devs: Vec<String>,
+}
+
+impl Netem {
+    /// `tc qdisc add dev DEV root netem ARGS…` on each of `devs`.
+    pub fn add(devs: &[&str], args: &[&str]) -> Netem {
+        let mut guard = Netem { devs: Vec::new() };
+        for dev in devs {
+            run(Command::new("tc")
+                .args(["qdisc", "add", "dev", dev, "root", "netem"])
+                .args(args));
+            // Pushed once added: a failure on the next one still deletes this one.
+            guard.devs.push((*dev).to_owned());
+        }
+        guard
+    }
+
+    /// `tc -s qdisc show` of the interfaces (what netem did: sent, dropped, …).
+    pub fn stats(&self) -> String {
+        self.devs
+            .iter()
+            .map(|d| run(Command::new("tc").args(["-s", "qdisc", "show", "dev", d])))
+            .collect::<Vec<_>>()
+            .join("")
+    }
+}
+
+impl Drop for Netem {
+    fn drop(&mut self) {
+        for dev in &self.devs {
+            let _ = Command::new("tc")
+                .args(["qdisc", "del", "dev", dev, "root"])
+                .output();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_lines_parse_and_other_lines_do_not() {
+        assert_eq!(
+            parse_delivery("victim #12: \"op-000012\""),
+            Some(Delivered {
+                identity: "victim".into(),
+                seq: 12,
+                content: "op-000012".into(),
+                possibly_delivered: false,
+            })
+        );
+        let flagged = parse_delivery("victim #3: \"op-000003\" (possibly delivered)").unwrap();
+        assert!(flagged.possibly_delivered);
+        assert_eq!(flagged.seq, 3);
+        for other in [
+            "message_server listening on 10.77.0.1:4750",
+            "victim: 3 messages, 27 bytes",
+            "skipped duplicate #4",
+            "victim: \"no id\"",
+        ] {
+            assert_eq!(parse_delivery(other), None, "{other}");
+        }
+    }
+
+    fn stream(contents: &[u64]) -> Vec<Delivered> {
+        contents
+            .iter()
+            .map(|&i| Delivered {
+                identity: "v".into(),
+                seq: i,
+                content: op_content(i),
+                possibly_delivered: false,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exactly_once_in_order_passes_only_for_the_whole_stream() {
+        assert_exactly_once_in_order(&stream(&[1, 2, 3]), "v", 3);
+        for bad in [&[1, 2][..], &[1, 2, 2, 3], &[1, 3, 2], &[1, 2, 3, 4]] {
+            let d = stream(bad);
+            let r = std::panic::catch_unwind(|| assert_exactly_once_in_order(&d, "v", 3));
+            assert!(r.is_err(), "{bad:?} passed");
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let s = Stats::of((1..=100).map(f64::from).collect());
+        assert_eq!((s.count, s.p50, s.p99, s.max), (100, 50.0, 99.0, 100.0));
+        let one = Stats::of(vec![7.0]);
+        assert_eq!((one.p50, one.p99, one.max), (7.0, 7.0, 7.0));
+        assert_eq!(Stats::of(Vec::new()).count, 0);
+    }
+}
