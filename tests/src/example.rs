@@ -86,6 +86,9 @@ impl MessageServer {
             .arg("--certs")
             .arg(certs)
             .args(extra)
+            // Info: "client connected", "client gone" and the authentication warnings.
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -130,6 +133,48 @@ impl MessageServer {
             .iter()
             .filter_map(|l| skipped_duplicate(l))
             .collect()
+    }
+
+    /// Stderr lines containing `needle` (the library's log at info).
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.err
+            .snapshot()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Sessions set up ("client connected").
+    pub fn sessions(&self) -> usize {
+        self.log_count("client connected")
+    }
+
+    /// Sessions ended ("client gone").
+    pub fn sessions_ended(&self) -> usize {
+        self.log_count("client gone")
+    }
+
+    /// RDMA messages that failed authentication (each tears its session down).
+    pub fn auth_failures(&self) -> usize {
+        self.log_count("failed authentication (forged, replayed or corrupted); tearing")
+    }
+
+    /// Waits until `cond` holds on the server; fails with its context at `deadline`.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        deadline: Duration,
+        cond: impl Fn(&MessageServer) -> bool,
+    ) {
+        let start = Instant::now();
+        while !cond(self) {
+            assert!(
+                start.elapsed() < deadline,
+                "timed out after {deadline:?} waiting for {what}\n{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends it a signal.

@@ -12,6 +12,8 @@ use crate::text;
 /// A drop rule in a table of its own, removed when dropped (a failing test leaves no rule
 /// behind to break the next one).
 pub struct NftDrop {
+    /// `inet` (the output hook) or `netdev` (an interface's ingress hook).
+    family: &'static str,
     table: String,
 }
 
@@ -20,10 +22,31 @@ impl NftDrop {
     /// `ip daddr 10.77.0.2 tcp sport 4700`), counting them. `table` names the rule's table
     /// (`inet TABLE`); one per test, so that tests never remove each other's rules.
     pub fn output(table: &str, matches: &str) -> NftDrop {
+        NftDrop::install(
+            "inet",
+            table,
+            "type filter hook output priority 0; policy accept;",
+            matches,
+        )
+    }
+
+    /// Drops RoCEv2 (UDP 4791) from `src` to `dst` as it arrives on `iface`: the ingress hook
+    /// (family netdev) sees every frame the peer sent, whichever socket made it (rxe sends
+    /// from the kernel, past the output hook's socket view).
+    pub fn roce_ingress(table: &str, iface: &str, src: &str, dst: &str) -> NftDrop {
+        NftDrop::install(
+            "netdev",
+            table,
+            &format!("type filter hook ingress device \"{iface}\" priority 0; policy accept;"),
+            &format!("ip saddr {src} ip daddr {dst} udp dport 4791"),
+        )
+    }
+
+    fn install(family: &'static str, table: &str, hook: &str, matches: &str) -> NftDrop {
         // A table of that name left by an earlier run would hold an older rule: start clean.
-        let _ = nft(&["delete", "table", "inet", table]);
+        let _ = nft(&["delete", "table", family, table]);
         let script = format!(
-            "table inet {table} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    {matches} counter drop\n  }}\n}}\n"
+            "table {family} {table} {{\n  chain drop {{\n    {hook}\n    {matches} counter drop\n  }}\n}}\n"
         );
         let out = Command::new("nft")
             .args(["-f", "-"])
@@ -45,14 +68,15 @@ impl NftDrop {
             text(&out.stderr)
         );
         NftDrop {
+            family,
             table: table.to_owned(),
         }
     }
 
     /// Packets dropped so far.
     pub fn dropped(&self) -> u64 {
-        let listing = nft(&["list", "table", "inet", &self.table])
-            .unwrap_or_else(|e| panic!("nft list table inet {}: {e}", self.table));
+        let listing = nft(&["list", "table", self.family, &self.table])
+            .unwrap_or_else(|e| panic!("nft list table {} {}: {e}", self.family, self.table));
         listing
             .lines()
             .find(|l| l.contains(" drop"))
@@ -67,8 +91,8 @@ impl NftDrop {
     /// Removes the rule now; what it dropped.
     pub fn remove(self) -> u64 {
         let n = self.dropped();
-        nft(&["delete", "table", "inet", &self.table])
-            .unwrap_or_else(|e| panic!("nft delete table inet {}: {e}", self.table));
+        nft(&["delete", "table", self.family, &self.table])
+            .unwrap_or_else(|e| panic!("nft delete table {} {}: {e}", self.family, self.table));
         n
     }
 }
@@ -76,7 +100,7 @@ impl NftDrop {
 impl Drop for NftDrop {
     fn drop(&mut self) {
         // Already gone after remove(): nothing to do, so the error is expected.
-        let _ = nft(&["delete", "table", "inet", &self.table]);
+        let _ = nft(&["delete", "table", self.family, &self.table]);
     }
 }
 

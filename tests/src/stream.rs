@@ -1,5 +1,6 @@
 //! Streams of numbered operations across lost sessions (issue 20): the `stream-client` driver
-//! and its JSON summary, the `message_server --ids` example that counts every delivery, and the
+//! and its JSON summary, the check that the `message_server --ids` example
+//! ([`crate::example::MessageServer`]) saw every operation once, in order, and the
 //! faults a test puts on the lab's link (an nftables drop rule, netem qdiscs), each undone by a
 //! guard when it drops, so a failing test leaves the lab as it found it.
 //!
@@ -12,11 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::example::{Delivered, MessageServer};
 use crate::secure::{bin, Lines, Pki};
-use crate::{bin_dir, text, wait_with_deadline, ADDR_A};
-
-/// How long starting a server or a client may take under emulation.
-const STEP: Duration = Duration::from_secs(90);
+use crate::{text, wait_with_deadline, ADDR_A};
 
 /// The content of operation `n` of a stream.
 pub fn op_content(n: u64) -> String {
@@ -107,47 +106,6 @@ pub struct StreamSummary {
     pub ok: bool,
 }
 
-/// A path under the workspace's examples directory.
-pub fn example(name: &str) -> Command {
-    let path = bin_dir().join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} missing: build the examples first (cargo build --workspace --examples)",
-        path.display()
-    );
-    Command::new(path)
-}
-
-/// One delivery the server application printed: `identity #SEQ: "content"`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Delivered {
-    /// The client identity.
-    pub identity: String,
-    /// The stream sequence.
-    pub seq: u64,
-    /// The content, unquoted.
-    pub content: String,
-    /// Flagged as possibly delivered before (replayed after the server lost the stream).
-    pub possibly_delivered: bool,
-}
-
-/// Parses one `message_server --ids` line; `None` for other lines.
-pub fn parse_delivery(line: &str) -> Option<Delivered> {
-    let (line, possibly_delivered) = match line.strip_suffix(" (possibly delivered)") {
-        Some(l) => (l, true),
-        None => (line, false),
-    };
-    let (head, quoted) = line.split_once(": \"")?;
-    let content = quoted.strip_suffix('"')?;
-    let (identity, seq) = head.rsplit_once(" #")?;
-    Some(Delivered {
-        identity: identity.to_owned(),
-        seq: seq.parse().ok()?,
-        content: content.to_owned(),
-        possibly_delivered,
-    })
-}
-
 /// Checks that `identity`'s deliveries are exactly operations 1 ..= `n`, each once, in order,
 /// each under its own stream sequence; panics with what went wrong (duplicates, gaps, order).
 pub fn assert_exactly_once_in_order(all: &[Delivered], identity: &str, n: u64) {
@@ -207,127 +165,6 @@ pub fn assert_exactly_once_in_order(all: &[Delivered], identity: &str, n: u64) {
         mine.len(),
         problems.join("; ")
     );
-}
-
-// ------------------------------------------------------------------ the server application
-
-/// A running `message_server --ids` (the secure-rdma crate's example server application).
-pub struct MessageServer {
-    /// The process.
-    pub child: Child,
-    /// Its stdout: one line per delivery.
-    pub out: Lines,
-    /// Its stderr: the library's log at info (sessions, authentication failures).
-    pub err: Lines,
-    /// The port it listens on.
-    pub port: u16,
-}
-
-impl MessageServer {
-    /// Starts it on 10.77.0.1:`port` with `--ids` and `extra`, and waits until it listens.
-    pub fn start(pki: &Pki, port: u16, extra: &[&str]) -> MessageServer {
-        let mut child = example("message_server")
-            .args(["--ids", "--listen", &format!("{ADDR_A}:{port}"), "--certs"])
-            .arg(pki.dir())
-            .args(extra)
-            // Info: "client connected", "client gone" and the authentication warnings.
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn message_server");
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        let err = Lines::collect(child.stderr.take().expect("stderr"));
-        let server = MessageServer {
-            child,
-            out,
-            err,
-            port,
-        };
-        let start = Instant::now();
-        while !server
-            .out
-            .snapshot()
-            .iter()
-            .any(|l| l.starts_with("message_server listening on "))
-        {
-            assert!(
-                start.elapsed() < STEP,
-                "message_server not listening\n{}",
-                server.context()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    /// Every delivery so far, in the order printed.
-    pub fn deliveries(&self) -> Vec<Delivered> {
-        self.out
-            .snapshot()
-            .iter()
-            .filter_map(|l| parse_delivery(l))
-            .collect()
-    }
-
-    /// Stderr lines containing `needle`.
-    pub fn log_count(&self, needle: &str) -> usize {
-        self.err
-            .snapshot()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-
-    /// Sessions set up ("client connected").
-    pub fn sessions(&self) -> usize {
-        self.log_count("client connected")
-    }
-
-    /// Sessions ended ("client gone").
-    pub fn sessions_ended(&self) -> usize {
-        self.log_count("client gone")
-    }
-
-    /// RDMA messages that failed authentication (each tears its session down).
-    pub fn auth_failures(&self) -> usize {
-        self.log_count("failed authentication (forged, replayed or corrupted); tearing")
-    }
-
-    /// Its stderr and the last stdout lines, for failure messages.
-    pub fn context(&self) -> String {
-        let out = self.out.snapshot();
-        let tail = &out[out.len().saturating_sub(20)..];
-        format!(
-            "message_server stdout (last {} of {} lines):\n{}\nmessage_server stderr:\n{}",
-            tail.len(),
-            out.len(),
-            tail.join("\n"),
-            self.err.snapshot().join("\n")
-        )
-    }
-
-    /// Waits until `cond` holds on the server; fails with its context at `deadline`.
-    pub fn wait(&self, what: &str, deadline: Duration, cond: impl Fn(&MessageServer) -> bool) {
-        let start = Instant::now();
-        while !cond(self) {
-            assert!(
-                start.elapsed() < deadline,
-                "timed out after {deadline:?} waiting for {what}\n{}",
-                self.context()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for MessageServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // ------------------------------------------------------------------ the stream driver
@@ -481,70 +318,6 @@ fn run(cmd: &mut Command) -> String {
     text(&out.stdout)
 }
 
-/// An nftables rule dropping RoCEv2 (UDP 4791) from one lab address to the other as it
-/// arrives on `iface`; its table is deleted when this guard drops.
-///
-/// The rule sits on the receiving interface's ingress hook (family netdev): it sees every
-/// frame the peer sent, whichever socket made it (rxe sends from the kernel).
-pub struct IngressDrop {
-    table: String,
-}
-
-impl IngressDrop {
-    /// Drops UDP 4791 from `src` to `dst` arriving on `iface`.
-    pub fn roce(iface: &str, src: &str, dst: &str) -> IngressDrop {
-        let table = format!("resume_lab_{}", std::process::id());
-        let guard = IngressDrop { table };
-        let script = format!(
-            "table netdev {t} {{\n  chain drop_roce {{\n    type filter hook ingress device \"{iface}\" priority 0; policy accept;\n    ip saddr {src} ip daddr {dst} udp dport 4791 counter drop\n  }}\n}}\n",
-            t = guard.table
-        );
-        let mut child = Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run nft (apt-get install nftables)");
-        {
-            use std::io::Write;
-            let mut stdin = child.stdin.take().expect("nft stdin");
-            stdin
-                .write_all(script.as_bytes())
-                .expect("write the nft script");
-        }
-        let out = child.wait_with_output().expect("wait for nft");
-        assert!(
-            out.status.success(),
-            "adding the nft rule failed: {}\n{script}",
-            text(&out.stderr)
-        );
-        guard
-    }
-
-    /// Packets the rule dropped so far.
-    pub fn dropped(&self) -> u64 {
-        let listing = run(Command::new("nft").args(["list", "table", "netdev", &self.table]));
-        listing
-            .lines()
-            .find(|l| l.contains("counter packets"))
-            .and_then(|l| {
-                let words: Vec<&str> = l.split_whitespace().collect();
-                let i = words.iter().position(|w| *w == "packets")?;
-                words.get(i + 1)?.parse().ok()
-            })
-            .unwrap_or_else(|| panic!("no packet count in {listing}"))
-    }
-}
-
-impl Drop for IngressDrop {
-    fn drop(&mut self) {
-        let _ = Command::new("nft")
-            .args(["delete", "table", "netdev", &self.table])
-            .output();
-    }
-}
-
 /// A netem qdisc at the root of each of some interfaces; deleted when this guard drops.
 pub struct Netem {
     devs: Vec<String>,
@@ -588,30 +361,6 @@ impl Drop for Netem {
 mod tests {
     use super::*;
 
-    #[test]
-    fn delivery_lines_parse_and_other_lines_do_not() {
-        assert_eq!(
-            parse_delivery("victim #12: \"op-000012\""),
-            Some(Delivered {
-                identity: "victim".into(),
-                seq: 12,
-                content: "op-000012".into(),
-                possibly_delivered: false,
-            })
-        );
-        let flagged = parse_delivery("victim #3: \"op-000003\" (possibly delivered)").unwrap();
-        assert!(flagged.possibly_delivered);
-        assert_eq!(flagged.seq, 3);
-        for other in [
-            "message_server listening on 10.77.0.1:4750",
-            "victim: 3 messages, 27 bytes",
-            "skipped duplicate #4",
-            "victim: \"no id\"",
-        ] {
-            assert_eq!(parse_delivery(other), None, "{other}");
-        }
-    }
-
     fn stream(contents: &[u64]) -> Vec<Delivered> {
         contents
             .iter()
@@ -619,7 +368,7 @@ mod tests {
                 identity: "v".into(),
                 seq: i,
                 content: op_content(i),
-                possibly_delivered: false,
+                possibly: false,
             })
             .collect()
     }

@@ -18,10 +18,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use secure_rdma_tests::faults::NftDrop;
 use secure_rdma_tests::secure::{bin, Pki};
 use secure_rdma_tests::stream::{
-    assert_exactly_once_in_order, IngressDrop, MessageServer, Netem, Stats, StreamOutcome,
-    StreamRun, StreamSpec,
+    assert_exactly_once_in_order, MessageServer, Netem, Stats, StreamOutcome, StreamRun, StreamSpec,
 };
 use secure_rdma_tests::{require_lab, text, wait_with_deadline, ADDR_A, ADDR_B};
 use serde_json::{json, Value};
@@ -73,7 +73,7 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
     const OPS: u64 = 2_000;
     require_lab();
     let pki = pki(&[VICTIM]);
-    let server = MessageServer::start(&pki, PORT, &[]);
+    let server = MessageServer::start(pki.dir(), PORT, &["--ids"]);
     let spec = StreamSpec {
         ops: OPS,
         rate: 200.0,
@@ -83,18 +83,18 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
         timeout_secs: 3,
     };
     let run = StreamRun::start(&pki, PORT, VICTIM, &spec);
-    server.wait("the stream under way", STEP, |s| {
+    server.wait_until("the stream under way", STEP, |s| {
         s.deliveries().len() >= 300
     });
     let ended_before = server.sessions_ended();
 
     // The server's RoCEv2 packets towards the client (its acknowledgement SENDs and its
     // transport ACKs) vanish on the client's link; the client's own still arrive.
-    let rule = IngressDrop::roce("veth-b", ADDR_A, ADDR_B);
+    let rule = NftDrop::roce_ingress("resume_faults_rdma_acks", "veth-b", ADDR_A, ADDR_B);
     let added = Instant::now();
     // Counted once the rule is in: what the server delivers from now on, it cannot acknowledge.
     let delivered_before = server.deliveries().len();
-    server.wait("the session to be given up", STEP, |s| {
+    server.wait_until("the session to be given up", STEP, |s| {
         s.sessions_ended() > ended_before
     });
     let dropped = rule.dropped();
@@ -210,7 +210,7 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
     const BURST: u64 = 16;
     require_lab();
     let pki = pki(&[VICTIM, "calm"]);
-    let server = MessageServer::start(&pki, PORT, &[]);
+    let server = MessageServer::start(pki.dir(), PORT, &["--ids"]);
 
     // The same pace undisturbed, for what the storm costs.
     let calm = StreamRun::start(
@@ -241,7 +241,7 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             timeout_secs: 10,
         },
     );
-    server.wait("the stream under way", STEP, |s| {
+    server.wait_until("the stream under way", STEP, |s| {
         s.deliveries()
             .iter()
             .filter(|d| d.identity == VICTIM)
@@ -355,7 +355,7 @@ fn loss_duplication_and_reordering_on_the_link_still_deliver_every_operation_onc
     const OPS: u64 = 10_000;
     require_lab();
     let pki = pki(&[VICTIM]);
-    let server = MessageServer::start(&pki, PORT, &[]);
+    let server = MessageServer::start(pki.dir(), PORT, &["--ids"]);
     let netem = Netem::add(
         &["veth-a", "veth-b"],
         &[
