@@ -13,8 +13,7 @@ use clap::Parser;
 use rdma_cli::choices::CipherChoice;
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::client::{
-    connect_with_retry, Backoff, Client, ClientConfig, ClientError, Connector, Recovering,
-    Recovery, ResumeOutcome,
+    connect_with_retry, Backoff, Client, ClientConfig, ClientError, Connector, Recovering, Recovery,
 };
 use secure_rdma::datapath::AckStatus;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines, Stdin};
@@ -470,21 +469,7 @@ fn report_recoveries(client: &mut Client, cfg: &ClientConfig) {
                 "reconnected to {host}:{port} as {} (payload protection {protection})",
                 ev.identity
             );
-            match ev.outcome {
-                ResumeOutcome::Resumed { acknowledged } => eprintln!(
-                    "secure-client: resumed stream {}: {acknowledged} acknowledged while away, {} sent again",
-                    ev.stream.short(),
-                    ev.resent
-                ),
-                ResumeOutcome::Expired => eprintln!(
-                    "secure-client: stream expired on the server: {} operations sent again, flagged as possibly delivered",
-                    ev.resent
-                ),
-                _ => eprintln!(
-                    "secure-client: reconnected without resume: {} operations sent again",
-                    ev.resent
-                ),
-            }
+            eprintln!("secure-client: {ev}");
         }
         _ => {}
     });

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use secure_rdma::client::{Client, ClientConfig, Recovering, Recovery, ResumeOutcome};
+use secure_rdma::client::{Client, ClientConfig, Recovering, Recovery};
 use secure_rdma::datapath::{AckStatus, Op};
 use tokio::io::AsyncBufReadExt;
 
@@ -77,21 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .await?;
     client.on_recovery(|step| match step {
         Recovering::Lost { cause } => eprintln!("message_client: session lost: {cause}"),
-        Recovering::Recovered(ev) => match ev.outcome {
-            ResumeOutcome::Resumed { acknowledged } => eprintln!(
-                "message_client: resumed stream {}: {acknowledged} acknowledged while away, {} sent again",
-                ev.stream.short(),
-                ev.resent
-            ),
-            ResumeOutcome::Expired => eprintln!(
-                "message_client: stream expired on the server: {} operations sent again, flagged as possibly delivered",
-                ev.resent
-            ),
-            _ => eprintln!(
-                "message_client: reconnected without resume: {} operations sent again",
-                ev.resent
-            ),
-        },
+        Recovering::Recovered(ev) => eprintln!("message_client: {ev}"),
         _ => {}
     });
     println!("connected as {}", client.identity());

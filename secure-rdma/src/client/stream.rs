@@ -110,6 +110,33 @@ pub enum Recovering<'a> {
 /// Told each step of a recovery.
 type Observer = Box<dyn FnMut(Recovering<'_>) + Send>;
 
+/// What the recovery did, in a line a program can print after its name: `resumed stream
+/// 1a2b3c4d: 1 acknowledged while away, 0 sent again`, `stream expired on the server: 2
+/// operations sent again, flagged as possibly delivered`, or `reconnected without resume: 2
+/// operations sent again`.
+impl std::fmt::Display for ResumeEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.outcome {
+            ResumeOutcome::Resumed { acknowledged } => write!(
+                f,
+                "resumed stream {}: {acknowledged} acknowledged while away, {} sent again",
+                self.stream.short(),
+                self.resent
+            ),
+            ResumeOutcome::Expired => write!(
+                f,
+                "stream expired on the server: {} operations sent again, flagged as possibly delivered",
+                self.resent
+            ),
+            ResumeOutcome::WithoutResume => write!(
+                f,
+                "reconnected without resume: {} operations sent again",
+                self.resent
+            ),
+        }
+    }
+}
+
 /// An operation kept until the server acknowledges it.
 struct Pending {
     seq: u64,
