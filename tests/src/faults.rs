@@ -46,7 +46,7 @@ impl NftDrop {
         // A table of that name left by an earlier run would hold an older rule: start clean.
         let _ = nft(&["delete", "table", family, table]);
         let script = format!(
-            "table {family} {table} {{\n  chain drop {{\n    {hook}\n    {matches} counter drop\n  }}\n}}\n"
+            "table {family} {table} {{\n  chain cut {{\n    {hook}\n    {matches} counter drop\n  }}\n}}\n"
         );
         let out = Command::new("nft")
             .args(["-f", "-"])
