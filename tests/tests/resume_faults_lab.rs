@@ -401,11 +401,23 @@ fn loss_duplication_and_reordering_on_the_link_still_deliver_every_operation_onc
         }})
     );
     println!("{stats}");
-    // netem did drop packets of this stream on both links.
-    let dropped: Vec<u64> = stats
-        .lines()
-        .filter_map(|l| l.split("(dropped ").nth(1)?.split(',').next()?.parse().ok())
-        .collect();
+    // netem did drop packets of this stream on both links. Only the netem qdiscs count: another
+    // test may have left a clsact qdisc (its TC programs gone) on a veth, with its own line.
+    let mut dropped: Vec<u64> = Vec::new();
+    let mut in_netem = false;
+    for l in stats.lines() {
+        if l.starts_with("qdisc ") {
+            in_netem = l.starts_with("qdisc netem ");
+        } else if in_netem {
+            if let Some(d) = l
+                .split("(dropped ")
+                .nth(1)
+                .and_then(|r| r.split(',').next()?.parse().ok())
+            {
+                dropped.push(d);
+            }
+        }
+    }
     assert!(
         dropped.len() == 2 && dropped.iter().all(|&d| d > 0),
         "{dropped:?}\n{stats}"
