@@ -23,6 +23,7 @@
 //! | `secure_rdma_operations_replayed_total` | counter | |
 //! | `secure_rdma_duplicates_suppressed_total` | counter | |
 //! | `secure_rdma_streams_expired_total` | counter | |
+//! | `secure_rdma_auth_failures_by_check_total` | counter | `check` ([`AUTH_CHECKS`]: which check of the receiver refused it; `tag` is the AEAD tag) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -64,6 +65,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::datapath::Op;
 use crate::handshake::RejectReason;
+use crate::protect::AUTH_CHECKS;
 
 /// How a connection's handshake ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -186,6 +188,11 @@ struct TenantLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CheckLabels {
+    check: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct TenantOpLabels {
     tenant: String,
     op: &'static str,
@@ -228,6 +235,7 @@ pub struct ServerMetrics {
     operations_replayed: Counter,
     duplicates_suppressed: Counter,
     streams_expired: Counter,
+    auth_failure_checks: Family<CheckLabels, Counter>,
 }
 
 impl Default for ServerMetrics {
@@ -246,7 +254,15 @@ impl Default for ServerMetrics {
             operations_replayed: Counter::default(),
             duplicates_suppressed: Counter::default(),
             streams_expired: Counter::default(),
+            auth_failure_checks: Family::default(),
         };
+        for check in AUTH_CHECKS {
+            drop(
+                metrics
+                    .auth_failure_checks
+                    .get_or_create(&CheckLabels { check }),
+            );
+        }
         for outcome in ["resumed", "expired"] {
             drop(
                 metrics
@@ -345,6 +361,45 @@ impl ServerMetrics {
             "Operation streams forgotten: their resume window passed, or room was needed",
             self.streams_expired.clone(),
         );
+        registry.register(
+            "secure_rdma_auth_failures_by_check",
+            "RDMA messages that failed authentication, by the receiver's check that refused them (tag: the AEAD tag)",
+            self.auth_failure_checks.clone(),
+        );
+    }
+
+    /// Counts which check refused a message that failed authentication (`check`: one of
+    /// [`AUTH_CHECKS`], from [`AuthError::check`](crate::protect::AuthError::check)), next to
+    /// [`ServerMetrics::auth_failure`]'s count by tenant.
+    ///
+    /// ```
+    /// use secure_rdma::metrics::ServerMetrics;
+    /// use secure_rdma::protect::AuthError;
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.auth_failure_check(AuthError::Tag.check());
+    /// assert_eq!(metrics.auth_failure_checks().get("tag"), Some(&1));
+    /// assert_eq!(metrics.auth_failure_checks().get("sequence"), Some(&0));
+    /// ```
+    pub fn auth_failure_check(&self, check: &'static str) {
+        self.auth_failure_checks
+            .get_or_create(&CheckLabels { check })
+            .inc();
+    }
+
+    /// Authentication failures so far by the check that refused them, every check listed.
+    pub fn auth_failure_checks(&self) -> BTreeMap<&'static str, u64> {
+        AUTH_CHECKS
+            .iter()
+            .map(|&check| {
+                (
+                    check,
+                    self.auth_failure_checks
+                        .get_or_create(&CheckLabels { check })
+                        .get(),
+                )
+            })
+            .collect()
     }
 
     /// Counts a resume of a stream the server knew, whose answers spared the
