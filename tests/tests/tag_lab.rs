@@ -263,11 +263,11 @@ fn header_bytes(h: &Value) -> Vec<u8> {
 }
 
 /// Checks what rdma-inject learned and sent for a forgery at the server.
-fn check_forgery(report: &Report, server_qpn: u64) -> Value {
+fn check_forgery(report: &Report, server_qpn: u64, opcode: &str) -> Value {
     assert_eq!(report.injected.len(), 1, "{report:?}");
     let inj = &report.injected[0];
     let flow = &report.summary["flow"];
-    assert_eq!(inj["opcode"], "RC SEND Only");
+    assert_eq!(inj["opcode"], opcode, "{report:?}");
     assert_eq!(inj["dst_qpn"].as_u64(), Some(server_qpn));
     assert_eq!(inj["psn"], flow["next_psn"], "{report:?}");
     assert_eq!(flow["src_ip"], ADDR_B);
@@ -278,11 +278,12 @@ fn check_forgery(report: &Report, server_qpn: u64) -> Value {
 
 // ------------------------------------------------------------------ the forgery at the tag
 
-#[test]
-#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
-fn sealed_forgery_with_the_next_sequence_and_a_matching_length_is_refused_by_the_tag() {
-    let metrics = "127.0.0.1:19521".to_owned();
-    let mut s = Session::start(4580, &[], &["--reconnect-attempts", "20"], Some(metrics));
+/// The forgery after one genuine `verb` ("send" or "write"), with payload protection on:
+/// refused by the tag alone, counted once as the tag, nothing delivered, the session ended and
+/// resumed as on any authentication failure.
+fn forged_at_the_tag(port: u16, metrics_port: u16, verb: &str, opcode: &str) {
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let mut s = Session::start(port, &[], &["--reconnect-attempts", "20"], Some(metrics));
     let (server_qpn, _) = s.qpns();
     let injector = Injector::start(&[
         "--observe",
@@ -293,19 +294,23 @@ fn sealed_forgery_with_the_next_sequence_and_a_matching_length_is_refused_by_the
         "150",
         "--sealed-forge",
     ]);
-    let genuine = "genuine send of the client";
-    let first = s.victim.op(&format!("send {genuine}"));
+    let genuine = format!("genuine {verb} of the client");
+    let first = s.victim.op(&format!("{verb} {genuine}"));
     assert_eq!(
         first,
-        format!("server acknowledged send #1: {} bytes", genuine.len())
+        format!("server acknowledged {verb} #1: {} bytes", genuine.len())
     );
     let report = injector.finish();
-    let sealed = check_forgery(&report, server_qpn);
+    let sealed = check_forgery(&report, server_qpn, opcode);
     // The forgery is the observed header with the next sequence and a length matching its
     // random ciphertext: longer than the 32-byte overhead, the right version and operation.
     let (observed, injected) = (&sealed["observed"], &sealed["injected"]);
     assert_eq!(observed["seq"].as_u64(), Some(1), "{sealed}");
     assert_eq!(observed["len"].as_u64(), Some(genuine.len() as u64));
+    assert_eq!(
+        observed["op"].as_u64(),
+        Some(if verb == "send" { 1 } else { 2 })
+    );
     assert_eq!(injected["seq"].as_u64(), Some(2), "{sealed}");
     assert_eq!(injected["len"], observed["len"]);
     for k in ["version", "op", "epoch", "lane"] {
@@ -356,21 +361,46 @@ fn sealed_forgery_with_the_next_sequence_and_a_matching_length_is_refused_by_the
         let series = format!("secure_rdma_auth_failures_by_check_total{{check=\"{check}\"}}");
         assert_eq!(s.sample(&series), want, "{series}\n{page}");
     }
-    // Nothing of it delivered: the next genuine send is the stream's second operation.
-    let after = s.victim.op("send after the forgery");
-    assert_eq!(after, "server acknowledged send #2: 17 bytes");
-    let sends = s.sends();
+    // Nothing of it delivered: the next genuine operation is the stream's second.
+    let after = s.victim.op(&format!("{verb} after the forgery"));
+    assert_eq!(after, format!("server acknowledged {verb} #2: 17 bytes"));
+    let kind = if verb == "send" {
+        "SEND received"
+    } else {
+        "WRITE landed"
+    };
+    let delivered: Vec<(u64, String)> = s
+        .server
+        .delivered(kind)
+        .into_iter()
+        .map(|(_, seq, content)| (seq, content))
+        .collect();
     eprintln!(
-        "sealed forgery: injected {}; server warned {:?}; delivered {sends:?}",
-        report.injected[0], warnings[0]["detail"]
+        "sealed {verb} forgery: injected {}, header {injected}; server warned {:?} (check {:?}); \
+         delivered {delivered:?}",
+        report.injected[0], warnings[0]["detail"], warnings[0]["check"]
     );
     assert_eq!(
-        sends,
-        [(1, genuine.to_owned()), (2, "after the forgery".to_owned())],
+        delivered,
+        [(1, genuine.clone()), (2, "after the forgery".to_owned())],
         "{}",
         s.context()
     );
     assert!(s.victim.quit_ok());
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn sealed_forgery_with_the_next_sequence_and_a_matching_length_is_refused_by_the_tag() {
+    forged_at_the_tag(4580, 19521, "send", "RC SEND Only");
+}
+
+/// The same with a WRITE WITH IMMEDIATE at the observed rkey and address (the sealed message
+/// at the start of the server's write slot, the immediate its sealed length).
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn sealed_write_forgery_is_refused_by_the_tag() {
+    forged_at_the_tag(4583, 19522, "write", "RC RDMA WRITE Only with Immediate");
 }
 
 /// The same forgery without payload protection: delivered, bytes and all (the attack works
@@ -400,7 +430,7 @@ fn baseline_sealed_forgery_is_delivered_without_payload_protection() {
     ]);
     s.victim.op("send genuine send of the client");
     let report = injector.finish();
-    let sealed = check_forgery(&report, server_qpn);
+    let sealed = check_forgery(&report, server_qpn, "RC SEND Only");
     assert!(sealed["observed"].is_null(), "{sealed}");
     let header = header_bytes(&sealed["injected"]);
     assert_eq!(header[..2], [2, 1]);
