@@ -237,6 +237,54 @@ impl Session {
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or(0.0)
     }
+
+    /// Checks the server's whole reaction to one message refused by the tag, and only by the
+    /// tag: one warning naming the client with detail "authentication tag mismatch" and check
+    /// "tag", the session torn down, the client told and reconnected, the metrics at 1 for the
+    /// tenant and for the tag, 0 for every other check. Returns the warning.
+    fn refused_by_the_tag(&self) -> Value {
+        // Refused by the tag, and only by the tag.
+        self.server
+            .log
+            .wait_for("the authentication warning", 1, STEP, |l| {
+                l.contains("failed authentication")
+            });
+        let warnings = self.auth_warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert_eq!(warnings[0]["client"], VICTIM);
+        assert_eq!(
+            warnings[0]["detail"], "authentication tag mismatch",
+            "{warnings:#?}"
+        );
+        assert_eq!(warnings[0]["check"], "tag", "{warnings:#?}");
+        assert_eq!(warnings[0]["failures"].as_u64(), Some(1));
+        // The session ends as on any authentication failure: torn down, the client told why.
+        self.server
+            .log
+            .wait_for("the session torn down", 1, STEP, |l| {
+                l.contains("client gone") && l.contains("RDMA message failed authentication")
+            });
+        self.victim.err.wait_for("session lost", 1, STEP, |l| {
+            l.contains("session lost") && l.contains("failed authentication")
+        });
+        self.victim
+            .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+        // Counted once, as the tag.
+        let tenant = format!("secure_rdma_auth_failures_total{{tenant=\"{VICTIM}\"}}");
+        wait_until(
+            "the auth failure in the metrics",
+            STEP,
+            || self.sample(&tenant) == 1.0,
+            || self.scrape(),
+        );
+        let page = self.scrape();
+        for check in CHECKS {
+            let want = if check == "tag" { 1.0 } else { 0.0 };
+            let series = format!("secure_rdma_auth_failures_by_check_total{{check=\"{check}\"}}");
+            assert_eq!(self.sample(&series), want, "{series}\n{page}");
+        }
+        warnings[0].clone()
+    }
 }
 
 fn hex(v: &Value) -> u64 {
@@ -321,46 +369,7 @@ fn forged_at_the_tag(port: u16, metrics_port: u16, verb: &str, opcode: &str) {
         Some(genuine.len() as u64 + 32)
     );
 
-    // Refused by the tag, and only by the tag.
-    s.server
-        .log
-        .wait_for("the authentication warning", 1, STEP, |l| {
-            l.contains("failed authentication")
-        });
-    let warnings = s.auth_warnings();
-    assert_eq!(warnings.len(), 1, "{warnings:#?}");
-    assert_eq!(warnings[0]["client"], VICTIM);
-    assert_eq!(
-        warnings[0]["detail"], "authentication tag mismatch",
-        "{warnings:#?}"
-    );
-    assert_eq!(warnings[0]["check"], "tag", "{warnings:#?}");
-    assert_eq!(warnings[0]["failures"].as_u64(), Some(1));
-    // The session ends as on any authentication failure: torn down, the client told why.
-    s.server
-        .log
-        .wait_for("the session torn down", 1, STEP, |l| {
-            l.contains("client gone") && l.contains("RDMA message failed authentication")
-        });
-    s.victim.err.wait_for("session lost", 1, STEP, |l| {
-        l.contains("session lost") && l.contains("failed authentication")
-    });
-    s.victim
-        .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
-    // Counted once, as the tag.
-    let tenant = format!("secure_rdma_auth_failures_total{{tenant=\"{VICTIM}\"}}");
-    wait_until(
-        "the auth failure in the metrics",
-        STEP,
-        || s.sample(&tenant) == 1.0,
-        || s.scrape(),
-    );
-    let page = s.scrape();
-    for check in CHECKS {
-        let want = if check == "tag" { 1.0 } else { 0.0 };
-        let series = format!("secure_rdma_auth_failures_by_check_total{{check=\"{check}\"}}");
-        assert_eq!(s.sample(&series), want, "{series}\n{page}");
-    }
+    let warning = s.refused_by_the_tag();
     // Nothing of it delivered: the next genuine operation is the stream's second.
     let after = s.victim.op(&format!("{verb} after the forgery"));
     assert_eq!(after, format!("server acknowledged {verb} #2: 17 bytes"));
@@ -378,7 +387,7 @@ fn forged_at_the_tag(port: u16, metrics_port: u16, verb: &str, opcode: &str) {
     eprintln!(
         "sealed {verb} forgery: injected {}, header {injected}; server warned {:?} (check {:?}); \
          delivered {delivered:?}",
-        report.injected[0], warnings[0]["detail"], warnings[0]["check"]
+        report.injected[0], warning["detail"], warning["check"]
     );
     assert_eq!(
         delivered,
@@ -401,6 +410,80 @@ fn sealed_forgery_with_the_next_sequence_and_a_matching_length_is_refused_by_the
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn sealed_write_forgery_is_refused_by_the_tag() {
     forged_at_the_tag(4583, 19522, "write", "RC RDMA WRITE Only with Immediate");
+}
+
+/// A captured sealed message replayed with its header renumbered to the next sequence (the
+/// replay of `attack_lab.rs` is refused by the sequence check; this one gets past it): the
+/// tag covers the header, so the renumbered message fails there.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn captured_message_renumbered_to_the_next_sequence_is_refused_by_the_tag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pcap = dir.path().join("sealed.pcap");
+    let pcap_s = pcap.to_str().expect("utf-8 path");
+    let metrics = "127.0.0.1:19523".to_owned();
+    let mut s = Session::start(4584, &[], &["--reconnect-attempts", "20"], Some(metrics));
+    let (server_qpn, _) = s.qpns();
+    // Capture the client's first sealed SEND.
+    let learner = Injector::start(&[
+        "--observe",
+        "veth-b",
+        "--dst",
+        ADDR_A,
+        "--timeout",
+        "150",
+        "--save",
+        pcap_s,
+    ]);
+    let captured = "LEGIT-TRANSFER: pay 100 to bob";
+    s.victim.op(&format!("send {captured}"));
+    let learned = learner.finish();
+    assert_eq!(learned.summary["saved"].as_u64(), Some(1), "{learned:?}");
+    // Replay it after the second send, renumbered to sequence 3, at the next PSN.
+    let injector = Injector::start(&[
+        "--observe",
+        "veth-b",
+        "--dst",
+        ADDR_A,
+        "--timeout",
+        "150",
+        "--sealed-renumber",
+        pcap_s,
+    ]);
+    assert_eq!(
+        s.victim.op("send second genuine send"),
+        "server acknowledged send #2: 19 bytes"
+    );
+    let report = injector.finish();
+    let sealed = check_forgery(&report, server_qpn, "RC SEND Only");
+    assert_eq!(sealed["attack"], "renumber");
+    assert_eq!(sealed["source"]["seq"].as_u64(), Some(1), "{sealed}");
+    assert_eq!(sealed["observed"]["seq"].as_u64(), Some(2), "{sealed}");
+    assert_eq!(sealed["injected"]["seq"].as_u64(), Some(3), "{sealed}");
+    assert_eq!(
+        sealed["injected"]["len"].as_u64(),
+        Some(captured.len() as u64)
+    );
+    let warning = s.refused_by_the_tag();
+    let third = s.victim.op("send third genuine send");
+    assert_eq!(third, "server acknowledged send #3: 18 bytes");
+    let sends = s.sends();
+    eprintln!(
+        "renumbered replay: injected {}, header {}; server warned {:?} (check {:?}); delivered \
+         {sends:?}",
+        report.injected[0], sealed["injected"], warning["detail"], warning["check"]
+    );
+    assert_eq!(
+        sends,
+        [
+            (1, captured.to_owned()),
+            (2, "second genuine send".to_owned()),
+            (3, "third genuine send".to_owned()),
+        ],
+        "{}",
+        s.context()
+    );
+    assert!(s.victim.quit_ok());
 }
 
 /// The same forgery without payload protection: delivered, bytes and all (the attack works
