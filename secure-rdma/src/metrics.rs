@@ -17,13 +17,13 @@
 //! | `secure_rdma_messages_received_total` | counter | `tenant`, `op` (`send`, `write`) |
 //! | `secure_rdma_received_bytes_total` | counter | `tenant`, `op` |
 //! | `secure_rdma_auth_failures_total` | counter | `tenant` |
-//! | `secure_rdma_auth_failures_by_check_total` | counter | `check` ([`AUTH_CHECKS`](crate::protect::AUTH_CHECKS): which check of the receiver refused it; `tag` is the AEAD tag) |
 //! | `secure_rdma_handshake_duration_seconds` | histogram | |
 //! | `secure_rdma_verb_duration_seconds` | histogram | `device`, `verb` ([`TimedVerb`]) |
 //! | `secure_rdma_stream_resumes_total` | counter | `outcome` (`resumed`: the server knew the stream; `expired`: it did not) |
 //! | `secure_rdma_operations_replayed_total` | counter | |
 //! | `secure_rdma_duplicates_suppressed_total` | counter | |
 //! | `secure_rdma_streams_expired_total` | counter | |
+//! | `secure_rdma_auth_failures_by_check_total` | counter | `check` ([`AUTH_CHECKS`]: which check of the receiver refused it; `tag` is the AEAD tag) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -65,6 +65,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::datapath::Op;
 use crate::handshake::RejectReason;
+use crate::protect::AUTH_CHECKS;
 
 /// How a connection's handshake ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -228,14 +229,13 @@ pub struct ServerMetrics {
     /// The same counters as `auth_failures`, by identity: a `Family` cannot be listed, and the
     /// telemetry report shows every identity's count.
     auth_failures_by_tenant: Arc<Mutex<BTreeMap<String, Counter>>>,
-    /// Authentication failures by the receiver's check that refused them.
-    auth_failure_checks: Family<CheckLabels, Counter>,
     handshake_duration: Histogram,
     verb_duration: Family<DeviceVerbLabels, Histogram, fn() -> Histogram>,
     stream_resumes: Family<OutcomeLabels, Counter>,
     operations_replayed: Counter,
     duplicates_suppressed: Counter,
     streams_expired: Counter,
+    auth_failure_checks: Family<CheckLabels, Counter>,
 }
 
 impl Default for ServerMetrics {
@@ -248,14 +248,21 @@ impl Default for ServerMetrics {
             bytes: Family::default(),
             auth_failures: Family::default(),
             auth_failures_by_tenant: Arc::default(),
-            auth_failure_checks: Family::default(),
             handshake_duration: handshake_buckets(),
             verb_duration: Family::new_with_constructor(verb_buckets),
             stream_resumes: Family::default(),
             operations_replayed: Counter::default(),
             duplicates_suppressed: Counter::default(),
             streams_expired: Counter::default(),
+            auth_failure_checks: Family::default(),
         };
+        for check in AUTH_CHECKS {
+            drop(
+                metrics
+                    .auth_failure_checks
+                    .get_or_create(&CheckLabels { check }),
+            );
+        }
         for outcome in ["resumed", "expired"] {
             drop(
                 metrics
@@ -271,13 +278,6 @@ impl Default for ServerMetrics {
         }
         for reason in REJECTION_REASONS {
             drop(metrics.rejections.get_or_create(&ReasonLabels { reason }));
-        }
-        for check in crate::protect::AUTH_CHECKS {
-            drop(
-                metrics
-                    .auth_failure_checks
-                    .get_or_create(&CheckLabels { check }),
-            );
         }
         metrics
     }
@@ -329,11 +329,6 @@ impl ServerMetrics {
             "RDMA messages that failed authentication (forged, replayed or corrupted), per tenant",
             self.auth_failures.clone(),
         );
-        registry.register(
-            "secure_rdma_auth_failures_by_check",
-            "RDMA messages that failed authentication, by the receiver's check that refused them (tag: the AEAD tag)",
-            self.auth_failure_checks.clone(),
-        );
         registry.register_with_unit(
             "secure_rdma_handshake_duration",
             "Time from TCP accept to an established session",
@@ -366,6 +361,45 @@ impl ServerMetrics {
             "Operation streams forgotten: their resume window passed, or room was needed",
             self.streams_expired.clone(),
         );
+        registry.register(
+            "secure_rdma_auth_failures_by_check",
+            "RDMA messages that failed authentication, by the receiver's check that refused them (tag: the AEAD tag)",
+            self.auth_failure_checks.clone(),
+        );
+    }
+
+    /// Counts which check refused a message that failed authentication (`check`: one of
+    /// [`AUTH_CHECKS`], from [`AuthError::check`](crate::protect::AuthError::check)), next to
+    /// [`ServerMetrics::auth_failure`]'s count by tenant.
+    ///
+    /// ```
+    /// use secure_rdma::metrics::ServerMetrics;
+    /// use secure_rdma::protect::AuthError;
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.auth_failure_check(AuthError::Tag.check());
+    /// assert_eq!(metrics.auth_failure_checks().get("tag"), Some(&1));
+    /// assert_eq!(metrics.auth_failure_checks().get("sequence"), Some(&0));
+    /// ```
+    pub fn auth_failure_check(&self, check: &'static str) {
+        self.auth_failure_checks
+            .get_or_create(&CheckLabels { check })
+            .inc();
+    }
+
+    /// Authentication failures so far by the check that refused them, every check listed.
+    pub fn auth_failure_checks(&self) -> BTreeMap<&'static str, u64> {
+        AUTH_CHECKS
+            .iter()
+            .map(|&check| {
+                (
+                    check,
+                    self.auth_failure_checks
+                        .get_or_create(&CheckLabels { check })
+                        .get(),
+                )
+            })
+            .collect()
     }
 
     /// Counts a resume of a stream the server knew, whose answers spared the
@@ -484,40 +518,6 @@ impl ServerMetrics {
             .values()
             .map(Counter::get)
             .sum()
-    }
-
-    /// Counts which check refused a message that failed authentication (`check`: one of
-    /// [`AUTH_CHECKS`](crate::protect::AUTH_CHECKS), from [`AuthError::check`](crate::protect::AuthError::check)), next to
-    /// [`ServerMetrics::auth_failure`]'s count by tenant.
-    ///
-    /// ```
-    /// use secure_rdma::metrics::ServerMetrics;
-    /// use secure_rdma::protect::AuthError;
-    ///
-    /// let metrics = ServerMetrics::default();
-    /// metrics.auth_failure_check(AuthError::Tag.check());
-    /// assert_eq!(metrics.auth_failure_checks().get("tag"), Some(&1));
-    /// assert_eq!(metrics.auth_failure_checks().get("sequence"), Some(&0));
-    /// ```
-    pub fn auth_failure_check(&self, check: &'static str) {
-        self.auth_failure_checks
-            .get_or_create(&CheckLabels { check })
-            .inc();
-    }
-
-    /// Authentication failures so far by the check that refused them, every check listed.
-    pub fn auth_failure_checks(&self) -> BTreeMap<&'static str, u64> {
-        crate::protect::AUTH_CHECKS
-            .iter()
-            .map(|&check| {
-                (
-                    check,
-                    self.auth_failure_checks
-                        .get_or_create(&CheckLabels { check })
-                        .get(),
-                )
-            })
-            .collect()
     }
 
     /// The series one session of `tenant` on `device` writes to per message, looked up once:
