@@ -536,9 +536,11 @@ async fn idle_from(
     let mut kept = 0;
     for s in &held {
         let mut b = [0u8; 1];
-        match tokio::time::timeout(Duration::from_millis(300), s.peek(&mut b)).await {
-            Err(_) => kept += 1,
-            Ok(_) => {}
+        if tokio::time::timeout(Duration::from_millis(300), s.peek(&mut b))
+            .await
+            .is_err()
+        {
+            kept += 1;
         }
     }
     (held, kept)

@@ -271,8 +271,8 @@ fn random_bytes_from_eight_loops_are_counted_but_the_log_stays_bounded() {
     require_lab();
     let _net = LabNet::up();
     let certs = pki(&["alice"]);
-    let metrics = "127.0.0.1:9471";
-    let server = Server::start(certs.path(), ADDR_A, 4701, &["--metrics", metrics]);
+    let metrics = "127.0.0.1:9481";
+    let server = Server::start(certs.path(), ADDR_A, 4881, &["--metrics", metrics]);
     let target: SocketAddr = format!("{ADDR_A}:{}", server.port).parse().expect("addr");
     let secs = flood_secs();
     let rt = runtime();
@@ -453,8 +453,8 @@ fn one_slash_24_of_idle_connections_leaves_room_for_another_prefix() {
     // With the cap per prefix (16 by default), then with it raised out of the way: the same
     // attack with only the per-address cap (8) and the total (64) left.
     for (port, extra, defended) in [
-        (4702u16, &[][..], true),
-        (4703, &["--max-pending-per-prefix", "64"][..], false),
+        (4882u16, &[][..], true),
+        (4883, &["--max-pending-per-prefix", "64"][..], false),
     ] {
         let mut args = vec!["--handshake-timeout", "120"];
         args.extend_from_slice(extra);
