@@ -30,7 +30,11 @@ impl Server {
         let bin = std::env::var("SECURE_SERVER_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_secure-server").to_owned());
         let mut cmd = Command::new(bin);
-        cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json", "--certs"])
+        // 127.0.0.1 unless the test listens elsewhere (a dual-stack [::]).
+        if !args.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        cmd.args(["--log-format", "json", "--certs"])
             .arg(certs)
             .args(args)
             .stdin(Stdio::null())
@@ -548,23 +552,38 @@ async fn idle_from(
 
 /// Eight addresses of one /24 with eight idle connections each: with the cap per address alone
 /// they take all 64 pending slots and a client from another /24 is closed at accept; with the
-/// cap per /24 (16 by default) they hold 16 and the client is served.
+/// cap per /24 (16 by default) they hold 16 and the client is served. On a dual-stack listener
+/// the same connections arrive as IPv4-mapped IPv6 addresses (::ffff:127.0.6.10) and must still
+/// count as their /24, not as one IPv6 /64 holding every IPv4 address (which would lock the
+/// client out too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_slash_24_cannot_take_every_pending_slot() {
     let certs = pki();
     let sources: Vec<std::net::IpAddr> = (10..18u8).map(|i| [127, 0, 6, i].into()).collect();
-    // With the defence, then with the cap per prefix raised out of the way.
-    for (cap, expect_served) in [("16", true), ("64", false)] {
+    // With the defence (on 127.0.0.1, then dual-stack), then with the cap per prefix raised out
+    // of the way.
+    for (cap, listen, expect_served) in [
+        ("16", "127.0.0.1:0", true),
+        ("16", "[::]:0", true),
+        ("64", "127.0.0.1:0", false),
+    ] {
         let server = Server::start(
             certs.path(),
             1024,
-            &["--max-pending-per-prefix", cap, "--handshake-timeout", "60"],
+            &[
+                "--listen",
+                listen,
+                "--max-pending-per-prefix",
+                cap,
+                "--handshake-timeout",
+                "60",
+            ],
         );
         let (held, kept) = idle_from(server.port, &sources, 8).await;
         let served = legit_client(certs.path(), server.port).await;
         println!(
-            "--max-pending-per-prefix {cap}: {} idle connections from 127.0.6.10-17, {kept} kept \
-             pending; client from 127.0.0.1: {served:?}",
+            "--max-pending-per-prefix {cap} on {listen}: {} idle connections from 127.0.6.10-17, \
+             {kept} kept pending; client from 127.0.0.1: {served:?}",
             held.len()
         );
         if expect_served {
