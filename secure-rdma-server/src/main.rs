@@ -13,7 +13,7 @@ use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
 use secure_rdma::metrics::ServerMetrics;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
-use secure_rdma::server::{Limits, ProtectionPolicy, Server, ServerConfig};
+use secure_rdma::server::{Limits, PrefixLengths, ProtectionPolicy, Server, ServerConfig};
 use secure_rdma::verbs::Poll;
 use serde::Deserialize;
 
@@ -133,6 +133,20 @@ struct Opts {
     /// Of those, from one source address [default: 8]
     #[arg(long, value_name = "N")]
     max_pending_per_address: Option<usize>,
+    /// Of those, from one source prefix (a /24 for IPv4, a /64 for IPv6: see
+    /// --pending-prefix-v4/-v6), since whoever holds one address often holds its neighbours;
+    /// IPv4-mapped IPv6 addresses count as IPv4 [default: 16]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_pending_per_prefix: Option<u32>,
+    /// Leading bits of an IPv4 source address that make its prefix, for --max-pending-per-prefix
+    /// and for the bound on warnings about failures before TLS (5 lines at once, then 1 a
+    /// second per prefix, 20 then 5 a second in all; the rest counted and summarised every
+    /// 10 s) [default: 24]
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
+    pending_prefix_v4: Option<u8>,
+    /// The same for IPv6 source addresses [default: 64]
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=128))]
+    pending_prefix_v6: Option<u8>,
     /// Seconds a client has for TLS, hello and RDMA setup [default: 10]
     #[arg(long, value_name = "SECONDS")]
     handshake_timeout: Option<u64>,
@@ -152,7 +166,7 @@ struct Opts {
     /// nothing twice); 0 remembers nothing [default: 120]
     #[arg(long, value_name = "SECONDS")]
     resume_window: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -338,6 +352,24 @@ async fn serve(flags: Opts) -> Result<()> {
         .max_pending_per_address
         .or(file.max_pending_per_address)
         .unwrap_or(limits.max_pending_per_address);
+    let max_per_prefix = flags
+        .max_pending_per_prefix
+        .or(file.max_pending_per_prefix)
+        .map_or(limits.max_pending_per_prefix, |n| n as usize);
+    // The file's values are not range-checked by clap: PrefixLengths::new says which is wrong.
+    let prefix = PrefixLengths::new(
+        flags
+            .pending_prefix_v4
+            .or(file.pending_prefix_v4)
+            .unwrap_or(limits.pending_prefix.v4),
+        flags
+            .pending_prefix_v6
+            .or(file.pending_prefix_v6)
+            .unwrap_or(limits.pending_prefix.v6),
+    )
+    .context("pending-prefix-v4/-v6")?;
+    limits.max_pending_per_prefix = max_per_prefix;
+    limits.pending_prefix = prefix;
     limits.write_timeout = flags
         .write_timeout
         .or(file.write_timeout)

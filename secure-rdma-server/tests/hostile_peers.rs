@@ -30,7 +30,11 @@ impl Server {
         let bin = std::env::var("SECURE_SERVER_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_secure-server").to_owned());
         let mut cmd = Command::new(bin);
-        cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json", "--certs"])
+        // 127.0.0.1 unless the test listens elsewhere (a dual-stack [::]).
+        if !args.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        cmd.args(["--log-format", "json", "--certs"])
             .arg(certs)
             .args(args)
             .stdin(Stdio::null())
@@ -196,6 +200,8 @@ async fn descriptor_exhaustion_backs_off_instead_of_spinning() {
             "--max-pending",
             "1000",
             "--max-pending-per-address",
+            "1000",
+            "--max-pending-per-prefix",
             "1000",
             "--handshake-timeout",
             "60",
@@ -410,5 +416,186 @@ async fn a_session_resumed_from_before_a_revocation_is_refused() {
             assert!(e.to_string().to_lowercase().contains("revoked"), "{e}");
         }
         other => panic!("a revoked client resumed its session: {other:?}"),
+    }
+}
+
+/// A loop that writes `garbage` bytes of random data to the port, waits until the server has
+/// closed the connection (so every connection reaches the TLS handshake, and the loop holds at
+/// most one pending connection), and starts again until `until`; from `source`. Returns how
+/// many connections it made.
+async fn garbage_loop(
+    source: std::net::IpAddr,
+    target: std::net::SocketAddr,
+    until: Instant,
+) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut urandom = std::fs::File::open("/dev/urandom").expect("/dev/urandom");
+    let mut made = 0;
+    while Instant::now() < until {
+        let mut junk = [0u8; 64];
+        std::io::Read::read_exact(&mut urandom, &mut junk).expect("random bytes");
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(std::net::SocketAddr::new(source, 0))
+            .expect("bind source");
+        let Ok(Ok(mut s)) =
+            tokio::time::timeout(Duration::from_secs(5), socket.connect(target)).await
+        else {
+            continue;
+        };
+        made += 1;
+        let _ = s.write_all(&junk).await;
+        let _ = s.shutdown().await;
+        let mut sink = [0u8; 256];
+        // The server answers garbage with an alert, or nothing, and closes.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
+    made
+}
+
+/// Random bytes to the port from eight loops (eight addresses of 127.0.5.0/24): every
+/// connection is a failed TLS handshake, each used to be a warning line; now a few per second
+/// per prefix are logged, the rest are summarised every 10 s with their exact count, and a
+/// client from another prefix is served during the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_from_eight_loops_is_counted_exactly_but_logged_within_a_bound() {
+    let certs = pki();
+    let server = Server::start(certs.path(), 1024, &[]);
+    let target: std::net::SocketAddr = format!("127.0.0.1:{}", server.port).parse().expect("addr");
+    let secs = 4;
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs(secs);
+    let loops: Vec<_> = (10..18u8)
+        .map(|i| tokio::spawn(garbage_loop([127, 0, 5, i].into(), target, until)))
+        .collect();
+    // During the flood, a client from another prefix.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let served = legit_client(certs.path(), server.port).await;
+    let mut made = 0;
+    for l in loops {
+        made += l.await.expect("loop");
+    }
+    let elapsed = t0.elapsed();
+    // The summary comes at the server's next 10 s tick; collect lines until it has.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut logged, mut summarised, mut summaries) = (0u64, 0u64, Vec::new());
+    while logged + summarised < made && Instant::now() < deadline {
+        let Ok(line) = server.lines.recv_timeout(Duration::from_millis(500)) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        let message = v["fields"]["message"]
+            .as_str()
+            .or(v["message"].as_str())
+            .unwrap_or("");
+        if message.contains("TLS handshake failed") {
+            logged += 1;
+        } else if message.contains("suppressed in the last") {
+            summarised += v["fields"]["suppressed"]
+                .as_u64()
+                .or(v["suppressed"].as_u64())
+                .unwrap_or(0);
+            summaries.push(message.to_owned());
+        }
+    }
+    let log = server.log_bytes.load(Ordering::Relaxed);
+    println!(
+        "{made} garbage connections from 127.0.5.0/24 in {elapsed:?}: {logged} warning lines, \
+         {summarised} suppressed and summarised ({summaries:?}); log {log} bytes; \
+         client from 127.0.0.1: {served:?}"
+    );
+    served.expect("a client from another prefix was served during the flood");
+    assert!(made > 50, "the flood made only {made} connections");
+    // 5 at once, then 1 a second, from the one prefix.
+    assert!(
+        logged <= 5 + secs + 2,
+        "{logged} warnings for {made} failures in {elapsed:?}"
+    );
+    // Every failure is accounted for: logged, or counted in a summary naming the prefix.
+    assert_eq!(logged + summarised, made, "{summaries:?}");
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.contains("from 127.0.5.0/24 suppressed in the last")),
+        "{summaries:?}"
+    );
+}
+
+/// Idle connections that never send a ClientHello, from `sources` (`per` each), to 127.0.0.1;
+/// returns how many the server kept open (the others it closed at accept).
+async fn idle_from(
+    port: u16,
+    sources: &[std::net::IpAddr],
+    per: usize,
+) -> (Vec<tokio::net::TcpStream>, usize) {
+    let mut held = Vec::new();
+    for source in sources {
+        let socket_addr = source.to_string();
+        held.extend(idle_connections(port, &socket_addr, per).await);
+    }
+    // A connection closed at accept reads EOF at once; one the server keeps does not.
+    let mut kept = 0;
+    for s in &held {
+        let mut b = [0u8; 1];
+        if tokio::time::timeout(Duration::from_millis(300), s.peek(&mut b))
+            .await
+            .is_err()
+        {
+            kept += 1;
+        }
+    }
+    (held, kept)
+}
+
+/// Eight addresses of one /24 with eight idle connections each: with the cap per address alone
+/// they take all 64 pending slots and a client from another /24 is closed at accept; with the
+/// cap per /24 (16 by default) they hold 16 and the client is served. On a dual-stack listener
+/// the same connections arrive as IPv4-mapped IPv6 addresses (::ffff:127.0.6.10) and must still
+/// count as their /24, not as one IPv6 /64 holding every IPv4 address (which would lock the
+/// client out too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slash_24_cannot_take_every_pending_slot() {
+    let certs = pki();
+    let sources: Vec<std::net::IpAddr> = (10..18u8).map(|i| [127, 0, 6, i].into()).collect();
+    // With the defence (on 127.0.0.1, then dual-stack), then with the cap per prefix raised out
+    // of the way.
+    for (cap, listen, expect_served) in [
+        ("16", "127.0.0.1:0", true),
+        ("16", "[::]:0", true),
+        ("64", "127.0.0.1:0", false),
+    ] {
+        let server = Server::start(
+            certs.path(),
+            1024,
+            &[
+                "--listen",
+                listen,
+                "--max-pending-per-prefix",
+                cap,
+                "--handshake-timeout",
+                "60",
+            ],
+        );
+        let (held, kept) = idle_from(server.port, &sources, 8).await;
+        let served = legit_client(certs.path(), server.port).await;
+        println!(
+            "--max-pending-per-prefix {cap} on {listen}: {} idle connections from 127.0.6.10-17, \
+             {kept} kept pending; client from 127.0.0.1: {served:?}",
+            held.len()
+        );
+        if expect_served {
+            assert_eq!(kept, 16, "the /24 holds more than its 16 pending slots");
+            served.expect("a client from another /24 is served");
+        } else {
+            assert_eq!(kept, 64);
+            assert!(
+                served.is_err(),
+                "served although every pending slot was taken"
+            );
+        }
+        drop(held);
     }
 }

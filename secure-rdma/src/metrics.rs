@@ -24,6 +24,8 @@
 //! | `secure_rdma_duplicates_suppressed_total` | counter | |
 //! | `secure_rdma_streams_expired_total` | counter | |
 //! | `secure_rdma_auth_failures_by_check_total` | counter | `check` ([`AUTH_CHECKS`]: which check of the receiver refused it; `tag` is the AEAD tag) |
+//! | `secure_rdma_pre_auth_failures_total` | counter | `reason` ([`PreAuthFailure`]) |
+//! | `secure_rdma_pre_auth_log_suppressed_total` | counter | |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -141,6 +143,57 @@ pub const REJECTION_REASONS: [&str; 8] = [
     PENDING_LIMIT,
 ];
 
+/// Why a connection ended before TLS authenticated its peer (the `reason` label of
+/// `secure_rdma_pre_auth_failures_total`). Every one is counted, while the log shows a
+/// bounded number of them (`secure_rdma_pre_auth_log_suppressed_total` counts the lines held
+/// back).
+///
+/// ```
+/// use secure_rdma::metrics::PreAuthFailure;
+///
+/// assert_eq!(PreAuthFailure::PendingPrefix.label(), "pending_prefix");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PreAuthFailure {
+    /// The TLS handshake failed: not TLS, no valid client certificate, a revoked one.
+    TlsFailed,
+    /// The TLS handshake did not finish within the handshake timeout.
+    TimedOut,
+    /// The connection was gone before TLS started.
+    ConnectionLost,
+    /// Closed at accept: `max_pending` connections were pending.
+    PendingTotal,
+    /// Closed at accept: its address had `max_pending_per_address` pending.
+    PendingAddress,
+    /// Closed at accept: its source prefix had `max_pending_per_prefix` pending.
+    PendingPrefix,
+}
+
+impl PreAuthFailure {
+    /// Every reason.
+    pub const ALL: [PreAuthFailure; 6] = [
+        PreAuthFailure::TlsFailed,
+        PreAuthFailure::TimedOut,
+        PreAuthFailure::ConnectionLost,
+        PreAuthFailure::PendingTotal,
+        PreAuthFailure::PendingAddress,
+        PreAuthFailure::PendingPrefix,
+    ];
+
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            PreAuthFailure::TlsFailed => "tls_failed",
+            PreAuthFailure::TimedOut => "timed_out",
+            PreAuthFailure::ConnectionLost => "connection_lost",
+            PreAuthFailure::PendingTotal => "pending_total",
+            PreAuthFailure::PendingAddress => "pending_address",
+            PreAuthFailure::PendingPrefix => "pending_prefix",
+        }
+    }
+}
+
 /// The RDMA steps the server times (the `verb` label of
 /// `secure_rdma_verb_duration_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -236,6 +289,8 @@ pub struct ServerMetrics {
     duplicates_suppressed: Counter,
     streams_expired: Counter,
     auth_failure_checks: Family<CheckLabels, Counter>,
+    pre_auth_failures: Family<ReasonLabels, Counter>,
+    pre_auth_log_suppressed: Counter,
 }
 
 impl Default for ServerMetrics {
@@ -255,6 +310,8 @@ impl Default for ServerMetrics {
             duplicates_suppressed: Counter::default(),
             streams_expired: Counter::default(),
             auth_failure_checks: Family::default(),
+            pre_auth_failures: Family::default(),
+            pre_auth_log_suppressed: Counter::default(),
         };
         for check in AUTH_CHECKS {
             drop(
@@ -262,6 +319,11 @@ impl Default for ServerMetrics {
                     .auth_failure_checks
                     .get_or_create(&CheckLabels { check }),
             );
+        }
+        for reason in PreAuthFailure::ALL {
+            drop(metrics.pre_auth_failures.get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            }));
         }
         for outcome in ["resumed", "expired"] {
             drop(
@@ -362,6 +424,16 @@ impl ServerMetrics {
             self.streams_expired.clone(),
         );
         registry.register(
+            "secure_rdma_pre_auth_failures",
+            "Connections that ended before TLS authenticated the peer, by reason (each counted; the log shows a bounded number)",
+            self.pre_auth_failures.clone(),
+        );
+        registry.register(
+            "secure_rdma_pre_auth_log_suppressed",
+            "Warnings about failures before TLS held back by the per-prefix and global log bounds (summarised in the log every 10 s)",
+            self.pre_auth_log_suppressed.clone(),
+        );
+        registry.register(
             "secure_rdma_auth_failures_by_check",
             "RDMA messages that failed authentication, by the receiver's check that refused them (tag: the AEAD tag)",
             self.auth_failure_checks.clone(),
@@ -400,6 +472,32 @@ impl ServerMetrics {
                 )
             })
             .collect()
+    }
+
+    /// Counts one connection that ended before TLS authenticated its peer.
+    pub fn pre_auth_failure(&self, reason: PreAuthFailure) {
+        self.pre_auth_failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            })
+            .inc();
+    }
+
+    /// Counts one warning about a pre-TLS failure that the log bound held back.
+    pub fn pre_auth_log_suppressed(&self) {
+        self.pre_auth_log_suppressed.inc();
+    }
+
+    /// How many connections ended before TLS for `reason`, and how many warnings were held
+    /// back in all.
+    pub fn pre_auth_counts(&self, reason: PreAuthFailure) -> (u64, u64) {
+        let failures = self
+            .pre_auth_failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            })
+            .get();
+        (failures, self.pre_auth_log_suppressed.get())
     }
 
     /// Counts a resume of a stream the server knew, whose answers spared the

@@ -7,6 +7,13 @@
 //! accept (a connection over them is closed before TLS), and a failing
 //! `accept()` (descriptors exhausted) pauses it with a back-off instead of
 //! spinning.
+//!
+//! Until TLS completes, the peer is anyone who can reach the port: what it
+//! makes the server write is bounded. Each failure before TLS (a refusal at
+//! accept, a failed or timed-out handshake) is counted in the metrics, but
+//! logged only within a budget per source prefix and in all
+//! ([`preauth`](super::preauth)); what was held back is summarised every
+//! 10 s, one line per prefix.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,10 +25,11 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::admission::{admit, Pending};
+use super::preauth::{SourcePrefix, SUMMARY_EVERY};
 use super::session_loop::serve_session;
 use super::{Server, Shared};
 use crate::handshake::Channel;
-use crate::metrics::{self, HandshakeOutcome};
+use crate::metrics::{self, HandshakeOutcome, PreAuthFailure};
 use crate::ratelimit::LogLimiter;
 use crate::tls;
 
@@ -77,11 +85,16 @@ impl Server {
         tokio::pin!(pause);
         let mut paused = false;
         let mut accept_log = LogLimiter::new(5, Duration::from_secs(1));
-        let mut refused_log = LogLimiter::new(5, Duration::from_secs(1));
+        // What the pre-TLS log bound held back is summarised on a timer, so a flood that stops
+        // is still reported.
+        let mut pre_auth_summary =
+            tokio::time::interval_at(tokio::time::Instant::now() + SUMMARY_EVERY, SUMMARY_EVERY);
+        pre_auth_summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = &mut pause, if paused => paused = false,
+                _ = pre_auth_summary.tick() => shared.summarise_pre_auth(),
                 accepted = self.listener.accept(), if !paused => match accepted {
                     Ok((conn, peer)) => {
                         pause_for = MIN_PAUSE;
@@ -95,8 +108,8 @@ impl Server {
                                 // Closed before TLS: it costs nothing but this descriptor, now freed.
                                 drop(conn);
                                 shared.metrics.rejected(metrics::PENDING_LIMIT);
-                                if let Some(suppressed) = refused_log.check() {
-                                    tracing::warn!(%peer, suppressed, "connection closed at accept: {why}");
+                                if let Some(prefix) = shared.pre_auth_failed(peer, why.failure()) {
+                                    tracing::warn!(%peer, %prefix, "connection closed at accept: {why}");
                                 }
                             }
                         }
@@ -156,7 +169,9 @@ async fn serve(
     let local_ip = match conn.local_addr() {
         Ok(a) => a.ip(),
         Err(e) => {
-            tracing::warn!(%peer, error = %e, "connection lost before TLS");
+            if let Some(prefix) = shared.pre_auth_failed(peer, PreAuthFailure::ConnectionLost) {
+                tracing::warn!(%peer, %prefix, error = %e, "connection lost before TLS");
+            }
             return failed(HandshakeOutcome::Failed);
         }
     };
@@ -165,11 +180,15 @@ async fn serve(
     let tls = match tokio::time::timeout(cfg.handshake_timeout, acceptor.accept(conn)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
-            tracing::warn!(%peer, error = %e, "TLS handshake failed: client refused");
+            if let Some(prefix) = shared.pre_auth_failed(peer, PreAuthFailure::TlsFailed) {
+                tracing::warn!(%peer, %prefix, error = %e, "TLS handshake failed: client refused");
+            }
             return failed(HandshakeOutcome::TlsFailed);
         }
         Err(_) => {
-            tracing::warn!(%peer, "TLS handshake timed out");
+            if let Some(prefix) = shared.pre_auth_failed(peer, PreAuthFailure::TimedOut) {
+                tracing::warn!(%peer, %prefix, "TLS handshake timed out");
+            }
             return failed(HandshakeOutcome::TimedOut);
         }
     };
@@ -202,4 +221,52 @@ async fn serve(
     }
     .instrument(span)
     .await
+}
+
+impl Shared {
+    /// Counts a failure before TLS from `peer`; `Some(its prefix)` when it may also be logged
+    /// (within the per-prefix and global budgets), `None` when the line is held back for the
+    /// next summary.
+    fn pre_auth_failed(&self, peer: SocketAddr, failure: PreAuthFailure) -> Option<SourcePrefix> {
+        self.metrics.pre_auth_failure(failure);
+        let prefix = SourcePrefix::of(peer.ip(), self.config.limits.pending_prefix);
+        let pass = self
+            .pre_auth_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .check(prefix, Instant::now());
+        if !pass {
+            self.metrics.pre_auth_log_suppressed();
+        }
+        pass.then_some(prefix)
+    }
+
+    /// Logs what the pre-TLS log bound held back since the last summary: one line per prefix
+    /// for the [`SUMMARY_PREFIXES`](super::preauth::SUMMARY_PREFIXES) with the most, one for the rest.
+    fn summarise_pre_auth(&self) {
+        let held = self
+            .pre_auth_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .summary(Instant::now());
+        let secs = held.period.as_secs_f64().round() as u64;
+        for (prefix, suppressed) in &held.top {
+            tracing::warn!(
+                %prefix,
+                suppressed,
+                period_s = secs,
+                "{suppressed} more failures before TLS from {prefix} suppressed in the last {secs} s"
+            );
+        }
+        if held.others > 0 {
+            tracing::warn!(
+                suppressed = held.others,
+                prefixes = held.other_prefixes,
+                period_s = secs,
+                "{} more failures before TLS from {} other prefixes suppressed in the last {secs} s",
+                held.others,
+                held.other_prefixes
+            );
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //! for them.
 //!
 //! A connection is counted as pending from accept until admitted or refused
-//! ([`Pending`], bounded in all and per source address), so idle or slow
+//! ([`Pending`], bounded in all, per source address and per source prefix), so idle or slow
 //! peers cannot pin unbounded descriptors. Once TLS names the client,
 //! [`admit`] reads its hello, picks a cipher, takes a per-identity session
 //! ([`IdentitySession`]), a client slot, a device and the quota counts, and
@@ -18,11 +18,12 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::accept::Outcome;
 use super::streams::{ClaimError, StreamLease};
+use super::SourcePrefix;
 use super::{ServerChannel, Shared};
 use crate::handshake::{
     Channel, HandshakeError, Message, RejectReason, Resume, RDMA_ACKS, VERSION,
 };
-use crate::metrics::{self, HandshakeOutcome, ServerMetrics};
+use crate::metrics::{self, HandshakeOutcome, PreAuthFailure, ServerMetrics};
 use crate::protect::{Protection, Side};
 use crate::quota::{TenantInfo, TenantQuota};
 use crate::session::{Secrets, SessionAdmission, SessionConfig};
@@ -76,6 +77,19 @@ pub(super) enum PendingLimit {
     Total { max: usize },
     /// `address` has `count` pending, the per-address maximum.
     PerAddress { address: IpAddr, count: usize },
+    /// `prefix` has `count` pending, the per-prefix maximum.
+    PerPrefix { prefix: SourcePrefix, count: usize },
+}
+
+impl PendingLimit {
+    /// Which pre-TLS failure this is, for the metrics.
+    pub(super) fn failure(&self) -> PreAuthFailure {
+        match self {
+            PendingLimit::Total { .. } => PreAuthFailure::PendingTotal,
+            PendingLimit::PerAddress { .. } => PreAuthFailure::PendingAddress,
+            PendingLimit::PerPrefix { .. } => PreAuthFailure::PendingPrefix,
+        }
+    }
 }
 
 impl std::fmt::Display for PendingLimit {
@@ -89,6 +103,10 @@ impl std::fmt::Display for PendingLimit {
                 f,
                 "{address} already has {count} connections in TLS handshake or admission (max_pending_per_address)"
             ),
+            PendingLimit::PerPrefix { prefix, count } => write!(
+                f,
+                "{prefix} already has {count} connections in TLS handshake or admission (max_pending_per_prefix)"
+            ),
         }
     }
 }
@@ -97,6 +115,7 @@ impl std::fmt::Display for PendingLimit {
 pub(super) struct Pending {
     _permit: OwnedSemaphorePermit,
     address: IpAddr,
+    prefix: SourcePrefix,
     shared: Arc<Shared>,
 }
 
@@ -104,6 +123,9 @@ impl Pending {
     /// Counts a new connection from `address`, or says which limit it would exceed.
     pub(super) fn take(shared: &Arc<Shared>, address: IpAddr) -> Result<Pending, PendingLimit> {
         let limits = &shared.config.limits;
+        // A dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d: one address either way.
+        let address = address.to_canonical();
+        let prefix = SourcePrefix::of(address, limits.pending_prefix);
         let Ok(permit) = Arc::clone(&shared.pending).try_acquire_owned() else {
             return Err(PendingLimit::Total {
                 max: limits.max_pending,
@@ -115,9 +137,17 @@ impl Pending {
         {
             return Err(PendingLimit::PerAddress { address, count });
         }
+        if let Err(count) = shared
+            .pending_by_prefix
+            .take(&prefix, Some(limits.max_pending_per_prefix))
+        {
+            shared.pending_by_address.release(&address);
+            return Err(PendingLimit::PerPrefix { prefix, count });
+        }
         Ok(Pending {
             _permit: permit,
             address,
+            prefix,
             shared: Arc::clone(shared),
         })
     }
@@ -126,6 +156,7 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         self.shared.pending_by_address.release(&self.address);
+        self.shared.pending_by_prefix.release(&self.prefix);
     }
 }
 

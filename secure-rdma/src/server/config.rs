@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::preauth::PrefixLengths;
 use crate::handshake::RejectReason;
 use crate::protect::Cipher;
 use crate::quota::Quotas;
@@ -197,6 +198,24 @@ impl ServerConfig {
         self.poll = poll;
         self
     }
+
+    /// Sets [`Limits::max_pending_per_prefix`] and [`Limits::pending_prefix`]: at most `max`
+    /// pending connections from one source prefix of `lengths` bits.
+    ///
+    /// ```
+    /// use secure_rdma::server::{PrefixLengths, ServerConfig};
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_pending_per_prefix(4, PrefixLengths::new(16, 48)?);
+    /// assert_eq!(config.limits.max_pending_per_prefix, 4);
+    /// assert_eq!(config.limits.pending_prefix.v4, 16);
+    /// # Ok::<(), secure_rdma::server::ConfigError>(())
+    /// ```
+    pub fn with_pending_per_prefix(mut self, max: usize, lengths: PrefixLengths) -> Self {
+        self.limits.max_pending_per_prefix = max;
+        self.limits.pending_prefix = lengths;
+        self
+    }
 }
 
 /// What one peer may hold: connections before TLS completes, sessions per
@@ -218,6 +237,14 @@ pub struct Limits {
     pub max_pending: usize,
     /// Of those, from one source address.
     pub max_pending_per_address: usize,
+    /// Of those, from one source prefix ([`pending_prefix`](Self::pending_prefix)): whoever
+    /// holds one address often holds its neighbours, so a bound per address alone is one
+    /// bound per neighbour.
+    pub max_pending_per_prefix: usize,
+    /// How source addresses group into prefixes, for
+    /// [`max_pending_per_prefix`](Self::max_pending_per_prefix) and for the bound on the
+    /// warnings failures before TLS cause (IPv4-mapped IPv6 addresses count as IPv4).
+    pub pending_prefix: PrefixLengths,
     /// Longest wait for one write to a client's TLS socket: a client that
     /// stops reading is disconnected instead of pinning its task.
     pub write_timeout: Duration,
@@ -229,12 +256,14 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// 64 pending connections, 8 per address, 10-second writes, no
-    /// per-identity or lifetime limit.
+    /// 64 pending connections, 8 per address, 16 per /24 (IPv4) or /64 (IPv6), 10-second
+    /// writes, no per-identity or lifetime limit.
     fn default() -> Self {
         Limits {
             max_pending: 64,
             max_pending_per_address: 8,
+            max_pending_per_prefix: 16,
+            pending_prefix: PrefixLengths::default(),
             write_timeout: Duration::from_secs(10),
             max_sessions_per_identity: None,
             max_session_lifetime: None,

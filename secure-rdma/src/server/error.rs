@@ -96,4 +96,17 @@ pub enum ConfigError {
     /// `Some(0)`.
     #[error("max_sessions_per_identity must be at least 1")]
     MaxSessionsPerIdentity,
+    /// A [`PrefixLengths`](super::PrefixLengths) length is longer than its addresses.
+    #[error("{family} prefix length {length} is longer than the address: use 0 to {max}")]
+    PrefixLength {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// The length asked for.
+        length: u8,
+        /// The longest there is (32 or 128).
+        max: u8,
+    },
+    /// [`Limits::max_pending_per_prefix`](super::Limits::max_pending_per_prefix) is 0.
+    #[error("max_pending_per_prefix must be at least 1")]
+    MaxPendingPerPrefix,
 }

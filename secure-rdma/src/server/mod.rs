@@ -16,7 +16,9 @@
 //!   [`ProtectionPolicy`]);
 //! - `accept`: the accept loop ([`Server::run`], [`Summary`]) and each
 //!   connection's TLS handshake, with the CRL reloaded by `crl`;
-//! - `admission`: pending limits, per-identity sessions, slots, quotas, and
+//! - `preauth`: source prefixes, and the bound on what failures before TLS
+//!   write to the log;
+//! - `admission`: pending limits (in all, per address, per prefix), per-identity sessions, slots, quotas, and
 //!   the refusals;
 //! - `devices`: the RDMA device and GID for a connection;
 //! - `streams`: each client's operation stream, remembered across its
@@ -45,6 +47,7 @@ mod crl;
 mod devices;
 mod error;
 pub mod handler;
+mod preauth;
 mod render;
 mod session_loop;
 mod streams;
@@ -54,6 +57,7 @@ pub use admission::RDMA_WINDOW;
 pub use config::{Limits, ProtectionPolicy, ServerConfig};
 pub use error::{ConfigError, RdmaSetting, ServerError};
 pub use handler::{handler_fn, Delivery, Handler, HandlerError, HandlerFn, Peer};
+pub use preauth::{PrefixLengths, SourcePrefix};
 pub use render::{preview, render};
 pub use streams::{ACK_MEMORY, MAX_STREAMS, MAX_STREAMS_PER_IDENTITY};
 
@@ -76,6 +80,10 @@ struct Shared {
     /// Connections not yet admitted, in all and per source address.
     pending: Arc<Semaphore>,
     pending_by_address: KeyCounts<std::net::IpAddr>,
+    /// Connections not yet admitted, per source prefix.
+    pending_by_prefix: KeyCounts<SourcePrefix>,
+    /// Which failures before TLS completes are logged.
+    pre_auth_log: std::sync::Mutex<preauth::PreAuthLog>,
     /// Live sessions per identity.
     sessions_by_identity: KeyCounts<String>,
     /// This process's cgroup v2 id (0 if unknown), for quota registrations.
@@ -153,6 +161,12 @@ impl Server {
         if config.limits.max_pending == 0 || config.limits.max_pending_per_address == 0 {
             return Err(ServerError::Config(ConfigError::MaxPending));
         }
+        if config.limits.max_pending_per_prefix == 0 {
+            return Err(ServerError::Config(ConfigError::MaxPendingPerPrefix));
+        }
+        // The fields are public: a length set directly is checked here.
+        let lengths = config.limits.pending_prefix;
+        PrefixLengths::new(lengths.v4, lengths.v6).map_err(ServerError::Config)?;
         if config.limits.max_sessions_per_identity == Some(0) {
             return Err(ServerError::Config(ConfigError::MaxSessionsPerIdentity));
         }
@@ -166,6 +180,10 @@ impl Server {
             slots: Arc::new(Semaphore::new(config.max_clients)),
             pending: Arc::new(Semaphore::new(config.limits.max_pending)),
             pending_by_address: KeyCounts::default(),
+            pending_by_prefix: KeyCounts::default(),
+            pre_auth_log: std::sync::Mutex::new(
+                preauth::PreAuthLog::new(std::time::Instant::now()),
+            ),
             sessions_by_identity: KeyCounts::default(),
             cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
             devices: Devices::new(fixed, config.gid_index),
