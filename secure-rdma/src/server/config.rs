@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::handshake::RejectReason;
 use crate::protect::Cipher;
 use crate::quota::Quotas;
+use crate::tls::IdentitySource;
 use crate::verbs::Poll;
 
 /// Server settings (what `secure-server`'s flags fill in).
@@ -76,6 +77,10 @@ pub struct ServerConfig {
     /// operations were delivered (default 120 s; zero remembers nothing, and
     /// every reconnect is answered "expired").
     pub resume_window: Duration,
+    /// Which name of a client certificate is the client's identity (default
+    /// [`IdentitySource::Auto`]: the SPIFFE ID of an X509-SVID, else the common name). A
+    /// certificate without that name is refused with the reason.
+    pub identity: IdentitySource,
 }
 
 impl ServerConfig {
@@ -110,6 +115,7 @@ impl ServerConfig {
             limits: Limits::default(),
             poll: Poll::default(),
             resume_window: Duration::from_secs(120),
+            identity: IdentitySource::default(),
         }
     }
 
@@ -195,6 +201,29 @@ impl ServerConfig {
     /// Sets [`poll`](Self::poll).
     pub fn with_poll(mut self, poll: Poll) -> Self {
         self.poll = poll;
+        self
+    }
+
+    /// Sets [`identity`](Self::identity).
+    pub fn with_identity(mut self, identity: IdentitySource) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// Sets the CA bundle, server certificate and server key to files anywhere (a PKI other
+    /// than [`crate::certs`]'s directory layout: openssl, cert-manager, Vault, SPIRE).
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_certificate_files("/etc/pki/ca.pem".into(), "/etc/pki/srv.pem".into(), "/etc/pki/srv.key".into());
+    /// assert_eq!(config.cert, std::path::Path::new("/etc/pki/srv.pem"));
+    /// ```
+    pub fn with_certificate_files(mut self, ca: PathBuf, cert: PathBuf, key: PathBuf) -> Self {
+        self.ca = ca;
+        self.cert = cert;
+        self.key = key;
         self
     }
 }
