@@ -109,15 +109,23 @@ impl Server {
     /// secure-server on the openssl files of `pki`, from an empty working directory (so no
     /// `certs/` directory could be what it reads).
     fn start(pki: &Path, args: &[&str]) -> (Server, tempfile::TempDir) {
+        let files = [
+            "--ca".into(),
+            pki.join("ca.pem"),
+            "--cert".into(),
+            pki.join("server.pem"),
+            "--key".into(),
+            pki.join("server.key"),
+        ];
+        Server::start_with(&files, args)
+    }
+
+    /// secure-server with `files` and `args`, from an empty working directory.
+    fn start_with(files: &[std::path::PathBuf], args: &[&str]) -> (Server, tempfile::TempDir) {
         let cwd = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
             .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
-            .arg("--ca")
-            .arg(pki.join("ca.pem"))
-            .arg("--cert")
-            .arg(pki.join("server.pem"))
-            .arg("--key")
-            .arg(pki.join("server.key"))
+            .args(files)
             .args(args)
             .current_dir(cwd.path())
             .stdin(Stdio::null())
@@ -311,9 +319,21 @@ async fn the_identity_source_is_chosen_with_identity() {
         assert_identified(connect(pki.path(), server.port, "alice").await, "alice");
         server.wait_for("naming alice's SPIFFE ID", |v| span_id(v) == Some(ALICE));
     }
-    // --identity dns: the DNS SAN.
+    // identity = "dns" in the --config file, with the files named there too: the DNS SAN.
     {
-        let (mut server, _cwd) = Server::start(pki.path(), &["--identity", "dns"]);
+        let config = pki.path().join("server.toml");
+        let p = |f: &str| pki.path().join(f).display().to_string();
+        std::fs::write(
+            &config,
+            format!(
+                "identity = \"dns\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+                p("ca.pem"),
+                p("server.pem"),
+                p("server.key")
+            ),
+        )
+        .expect("config file");
+        let (mut server, _cwd) = Server::start_with(&["--config".into(), config], &[]);
         assert_identified(connect(pki.path(), server.port, "plain").await, "plain");
         server.wait_for("naming plain by its DNS name", |v| {
             span_id(v) == Some("plain.example.org")
