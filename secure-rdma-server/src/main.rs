@@ -160,6 +160,12 @@ struct Opts {
     /// A certificate without that name is refused with the reason [default: auto]
     #[arg(long, value_name = "SOURCE", value_enum)]
     identity: Option<IdentityChoice>,
+    /// Accept SPIFFE IDs only from this trust domain (e.g. example.org); repeatable. Every CA
+    /// in --ca can sign any SPIFFE ID, so this keeps the server to its own trust domains
+    /// [default: any]
+    #[arg(long = "trust-domain", value_name = "DOMAIN", value_parser = parse_trust_domain)]
+    #[serde(default)]
+    trust_domain: Vec<String>,
     /// CA bundle that client certificates must chain to, from any PKI (openssl, cert-manager,
     /// Vault, SPIRE) [default: DIR/ca.pem of --certs]
     #[arg(long, value_name = "FILE")]
@@ -174,7 +180,7 @@ struct Opts {
     /// --certs; none when --ca, --cert and --key are all given without --certs]
     #[arg(long, value_name = "FILE")]
     crl: Option<PathBuf>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, identity, ca, cert, key, crl)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -294,6 +300,15 @@ enum CertsCommand {
 /// `--spiffe-id`: a SPIFFE ID, or why not.
 fn parse_spiffe_id(text: &str) -> Result<SpiffeId, String> {
     text.parse().map_err(|e| format!("not a SPIFFE ID: {e}"))
+}
+
+/// `--trust-domain`: a SPIFFE trust domain name, or why not.
+fn parse_trust_domain(text: &str) -> Result<String, String> {
+    match SpiffeId::parse(&format!("spiffe://{text}")) {
+        Ok(id) if id.path().is_empty() => Ok(text.to_owned()),
+        Ok(_) => Err("a trust domain, not a SPIFFE ID: no '/'".to_owned()),
+        Err(e) => Err(format!("not a SPIFFE trust domain: {e}")),
+    }
 }
 
 /// The CA directory: the one given, else DIR-ca, else DIR itself (the layout of `certs::init`).
@@ -472,6 +487,17 @@ async fn serve(flags: Opts) -> Result<()> {
         .or(file.port.map(any_address))
         .unwrap_or_else(|| any_address(4433));
     // The certificates of `dir`: ca.pem, server.pem, server.key and crl.pem, as checked above.
+    // The file's trust domains are checked as the flag's are.
+    let trust_domains = if flags.trust_domain.is_empty() {
+        file.trust_domain
+            .iter()
+            .map(|td| {
+                parse_trust_domain(td).map_err(|e| anyhow::anyhow!("trust-domain {td:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        flags.trust_domain
+    };
     let mut config = ServerConfig::new(listen, &dir)
         .with_certificate_files(ca_file, cert_file, key_file)
         .with_crl(crl_file)
@@ -481,6 +507,7 @@ async fn serve(flags: Opts) -> Result<()> {
                 .or(file.identity)
                 .map_or_else(IdentitySource::default, IdentitySource::from),
         )
+        .with_spiffe_trust_domains(trust_domains)
         .with_max_clients(flags.max_clients.or(file.max_clients).unwrap_or(10))
         .with_device(flags.device.or(file.device))
         .with_gid_index(flags.gid_index.or(file.gid_index))

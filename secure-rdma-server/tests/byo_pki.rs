@@ -319,6 +319,30 @@ async fn the_identity_source_is_chosen_with_identity() {
         assert_identified(connect(pki.path(), server.port, "alice").await, "alice");
         server.wait_for("naming alice's SPIFFE ID", |v| span_id(v) == Some(ALICE));
     }
+    // --trust-domain: SPIFFE IDs of other trust domains are refused, whoever signed them.
+    {
+        let (mut server, _cwd) = Server::start(pki.path(), &["--trust-domain", "example.org"]);
+        assert_identified(connect(pki.path(), server.port, "alice").await, "alice");
+        server.wait_for("naming alice's SPIFFE ID", |v| span_id(v) == Some(ALICE));
+        let other = refusal(connect(pki.path(), server.port, "other").await);
+        assert!(
+            other.ends_with(&format!(
+                "trust domain other.example of {OTHER_ALICE} is not one this server accepts (example.org)"
+            )),
+            "{other}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_secure-server"))
+        .args(["--trust-domain", "Example.org"])
+        .output()
+        .expect("run secure-server");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("not a SPIFFE trust domain: 'E' is not allowed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // identity = "dns" in the --config file, with the files named there too: the DNS SAN.
     {
         let config = pki.path().join("server.toml");

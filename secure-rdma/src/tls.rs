@@ -118,6 +118,16 @@ pub enum IdentityError {
         /// Them, comma-separated.
         names: String,
     },
+    /// A SPIFFE ID of a trust domain the server does not accept.
+    #[error("trust domain {trust_domain} of {id} is not one this server accepts ({accepted})")]
+    TrustDomain {
+        /// The SPIFFE ID.
+        id: String,
+        /// Its trust domain.
+        trust_domain: String,
+        /// The accepted ones, comma-separated.
+        accepted: String,
+    },
     /// The DNS SAN is not a usable name.
     #[error("DNS SAN {0:?} is not a host name (letters, digits, '-', '_' in dot-separated labels of 1-63, at most 253 in all; no wildcards)")]
     DnsName(String),
@@ -403,6 +413,32 @@ fn dns_name(names: &[&str]) -> Result<String, IdentityError> {
     }
     // One name, one tenant: `Alice.example` and `alice.example` are the same host.
     Ok(name.to_ascii_lowercase())
+}
+
+/// Checks that `identity`, when it is a SPIFFE ID, belongs to one of the `accepted` trust
+/// domains (none: any). Identities that are not SPIFFE IDs pass: they have no trust domain.
+///
+/// ```
+/// use secure_rdma::tls::check_trust_domain;
+///
+/// let accepted = ["example.org".to_owned()];
+/// assert!(check_trust_domain("spiffe://example.org/api", &accepted).is_ok());
+/// assert!(check_trust_domain("spiffe://other.example/api", &accepted).is_err());
+/// assert!(check_trust_domain("alice", &accepted).is_ok());
+/// assert!(check_trust_domain("spiffe://other.example/api", &[]).is_ok());
+/// ```
+pub fn check_trust_domain(identity: &str, accepted: &[String]) -> Result<(), IdentityError> {
+    let Ok(id) = crate::quota::spiffe::SpiffeId::parse(identity) else {
+        return Ok(());
+    };
+    if accepted.is_empty() || accepted.iter().any(|td| td == id.trust_domain()) {
+        return Ok(());
+    }
+    Err(IdentityError::TrustDomain {
+        trust_domain: id.trust_domain().to_owned(),
+        id: id.into_string(),
+        accepted: accepted.join(", "),
+    })
 }
 
 /// The authenticated identity of the client on a server-side connection, as

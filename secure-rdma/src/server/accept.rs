@@ -174,7 +174,10 @@ async fn serve(
         }
     };
     let conn_state = &tls.get_ref().1;
-    let identity = match tls::client_identity_from(conn_state, cfg.identity) {
+    let identity = match tls::client_identity_from(conn_state, cfg.identity).and_then(|id| {
+        tls::check_trust_domain(&id, &cfg.spiffe_trust_domains)?;
+        Ok(id)
+    }) {
         Ok(id) => id,
         Err(e) => {
             // The certificate verified, so the client is told why it is refused.

@@ -81,6 +81,10 @@ pub struct ServerConfig {
     /// [`IdentitySource::Auto`]: the SPIFFE ID of an X509-SVID, else the common name). A
     /// certificate without that name is refused with the reason.
     pub identity: IdentitySource,
+    /// SPIFFE IDs are accepted only from these trust domains (empty: from any the CA signs).
+    /// Every CA of [`ca`](Self::ca) can sign any SPIFFE ID; this keeps a deployment of one
+    /// trust domain to its own.
+    pub spiffe_trust_domains: Vec<String>,
 }
 
 impl ServerConfig {
@@ -116,6 +120,7 @@ impl ServerConfig {
             poll: Poll::default(),
             resume_window: Duration::from_secs(120),
             identity: IdentitySource::default(),
+            spiffe_trust_domains: Vec::new(),
         }
     }
 
@@ -207,6 +212,12 @@ impl ServerConfig {
     /// Sets [`identity`](Self::identity).
     pub fn with_identity(mut self, identity: IdentitySource) -> Self {
         self.identity = identity;
+        self
+    }
+
+    /// Sets [`spiffe_trust_domains`](Self::spiffe_trust_domains).
+    pub fn with_spiffe_trust_domains(mut self, trust_domains: Vec<String>) -> Self {
+        self.spiffe_trust_domains = trust_domains;
         self
     }
 
