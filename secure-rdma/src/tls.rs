@@ -77,8 +77,8 @@ pub enum IdentityError {
     /// The common name is not a valid identity.
     #[error("{0}")]
     Name(#[from] crate::certs::CertError),
-    /// The subject alternative names do not parse.
-    #[error("subject alternative names: {0}")]
+    /// An extension (subject alternative names, basic constraints, key usage) does not parse.
+    #[error("certificate extension: {0}")]
     San(#[source] x509_parser::error::X509Error),
     /// A SPIFFE ID was required and the certificate has no URI SAN.
     #[error(
@@ -118,6 +118,10 @@ pub enum IdentityError {
         /// Them, comma-separated.
         names: String,
     },
+    /// The certificate carries a SPIFFE ID but is not a leaf X509-SVID (X509-SVID standard,
+    /// §4): a CA, or key usages other than a leaf's.
+    #[error("not an X509-SVID leaf: {0}; issue the client certificate with CA:FALSE and keyUsage digitalSignature (without keyCertSign or cRLSign)")]
+    NotSvidLeaf(&'static str),
     /// A SPIFFE ID of a trust domain the server does not accept.
     #[error("trust domain {trust_domain} of {id} is not one this server accepts ({accepted})")]
     TrustDomain {
@@ -347,7 +351,7 @@ fn identity_in(
         })
         .collect();
     match source {
-        IdentitySource::Spiffe => spiffe_id(&uris),
+        IdentitySource::Spiffe => svid_leaf(x509).and_then(|()| spiffe_id(&uris)),
         // A certificate that means to be an X509-SVID is judged as one: a broken SPIFFE ID is
         // refused, never quietly replaced by the common name.
         IdentitySource::Auto
@@ -355,11 +359,38 @@ fn identity_in(
                 .iter()
                 .any(|u| crate::quota::spiffe::looks_like_spiffe_id(u)) =>
         {
-            spiffe_id(&uris)
+            svid_leaf(x509).and_then(|()| spiffe_id(&uris))
         }
         IdentitySource::Auto | IdentitySource::Cn => common_name(x509),
         IdentitySource::Dns => dns_name(&dns),
     }
+}
+
+/// The leaf rules of the X509-SVID standard (§4.1, §4.3), as go-spiffe checks them: not a CA,
+/// key usage digitalSignature, and neither keyCertSign nor cRLSign. A signing certificate's
+/// SPIFFE ID names a trust domain's authority, never a workload.
+fn svid_leaf(x509: &x509_parser::certificate::X509Certificate<'_>) -> Result<(), IdentityError> {
+    match x509.basic_constraints() {
+        Ok(Some(bc)) if bc.value.ca => return Err(IdentityError::NotSvidLeaf("it is a CA")),
+        Ok(_) => {}
+        Err(e) => return Err(IdentityError::San(e)),
+    }
+    let usage = match x509.key_usage() {
+        Ok(Some(ku)) => ku.value,
+        Ok(None) => return Err(IdentityError::NotSvidLeaf("it has no key usage extension")),
+        Err(e) => return Err(IdentityError::San(e)),
+    };
+    if !usage.digital_signature() {
+        return Err(IdentityError::NotSvidLeaf(
+            "its key usage lacks digitalSignature",
+        ));
+    }
+    if usage.key_cert_sign() || usage.crl_sign() {
+        return Err(IdentityError::NotSvidLeaf(
+            "its key usage includes keyCertSign or cRLSign",
+        ));
+    }
+    Ok(())
 }
 
 /// The SPIFFE ID of an X509-SVID: its only URI SAN (X509-SVID standard, §2).
@@ -559,6 +590,7 @@ mod tests {
                 _ => SanType::URI((*s).try_into().unwrap()),
             })
             .collect();
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
         let key = KeyPair::generate().unwrap();
         p.self_signed(&key).unwrap().der().clone()
     }
@@ -642,6 +674,40 @@ mod tests {
         assert!(identity(&wildcard, Dns)
             .unwrap_err()
             .contains("\"*.example\" is not a host name"));
+        // A SPIFFE ID on a certificate that is no X509-SVID leaf.
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = vec![rcgen::SanType::URI(
+            "spiffe://a.example/x".try_into().unwrap(),
+        )];
+        let key = rcgen::KeyPair::generate().unwrap();
+        for (usages, why) in [
+            (vec![], "it has no key usage extension"),
+            (
+                vec![rcgen::KeyUsagePurpose::KeyEncipherment],
+                "its key usage lacks digitalSignature",
+            ),
+            (
+                vec![
+                    rcgen::KeyUsagePurpose::DigitalSignature,
+                    rcgen::KeyUsagePurpose::KeyCertSign,
+                ],
+                "its key usage includes keyCertSign or cRLSign",
+            ),
+        ] {
+            p.key_usages = usages;
+            let cert = p.self_signed(&key).unwrap().der().clone();
+            let err = identity(&cert, Auto).unwrap_err();
+            assert!(
+                err.contains(&format!("not an X509-SVID leaf: {why}")),
+                "{err}"
+            );
+        }
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = p.self_signed(&key).unwrap().der().clone();
+        assert!(identity(&ca, Spiffe)
+            .unwrap_err()
+            .contains("not an X509-SVID leaf: it is a CA"));
         // A common name that is no identity, as before.
         let slash = cert_with("a/b", &[]);
         assert!(identity(&slash, Cn)
