@@ -81,11 +81,20 @@ pub enum EntryError {
     #[error(
         "invalid tenant name {name:?}: tenants are client certificate names, 1-64 characters \
          from A-Z, a-z, 0-9, '.', '_', '-', not starting with '.', not \"ca\" or \"server\", \
-         or whole cgroup paths such as /lab.slice/job.scope (rdma-collector --tenant-by cgroup)"
+         whole cgroup paths such as /lab.slice/job.scope (rdma-collector --tenant-by cgroup), \
+         or SPIFFE IDs such as spiffe://example.org/ns/prod/sa/alice"
     )]
     BadTenant {
         /// The name as written.
         name: String,
+    },
+    /// A tenant written as a SPIFFE ID that breaks the SPIFFE ID rules.
+    #[error("invalid tenant {name:?}: not a valid SPIFFE ID: {reason}")]
+    BadSpiffeId {
+        /// The name as written.
+        name: String,
+        /// Which rule it breaks.
+        reason: crate::spiffe::SpiffeIdError,
     },
     /// The same key twice for the same scope.
     #[error("duplicate {key}{} (first set on line {first_line})", for_tenant(.tenant))]
@@ -355,8 +364,9 @@ impl fmt::Display for QuotaConfig {
 /// One limit: a key, its value and whom it applies to.
 ///
 /// As a `--limit` flag it parses from `KEY=VALUE` (a global limit) or
-/// `tenant:NAME:KEY=VALUE` (a tenant's own limit); tenant names cannot
-/// contain `:`, so the form is unambiguous. It displays as a quota-file line
+/// `tenant:NAME:KEY=VALUE` (a tenant's own limit). Keys never contain `:`, so
+/// the key is what follows the last `:` and NAME may be a SPIFFE ID
+/// (`tenant:spiffe://example.org/api:QP_COUNT=1`). It displays as a quota-file line
 /// (`KEY VALUE` or `tenant NAME KEY VALUE`).
 ///
 /// # Examples
@@ -426,7 +436,8 @@ fn parse_setting(text: &str) -> Result<LimitSetting, EntryError> {
     let (scope, value) = text.split_once('=').ok_or(EntryError::BadSetting)?;
     let (tenant, key) = match scope.strip_prefix("tenant:") {
         Some(rest) => {
-            let (name, key) = rest.split_once(':').ok_or(EntryError::BadSetting)?;
+            // The last ':': a SPIFFE ID tenant has two of its own.
+            let (name, key) = rest.rsplit_once(':').ok_or(EntryError::BadSetting)?;
             validate_tenant(name)?;
             (Some(name.to_owned()), key)
         }
@@ -484,6 +495,15 @@ fn parse_value(key: LimitKey, written: &str) -> Result<u64, EntryError> {
 
 /// Only names that can ever match a connection's tenant are accepted.
 fn validate_tenant(name: &str) -> Result<(), EntryError> {
+    // A name meant as a SPIFFE ID hears which SPIFFE rule it breaks.
+    if crate::spiffe::looks_like_spiffe_id(name) {
+        return crate::spiffe::SpiffeId::parse(name)
+            .map(drop)
+            .map_err(|reason| EntryError::BadSpiffeId {
+                name: name.to_owned(),
+                reason,
+            });
+    }
     if crate::tenant::is_valid_name(name) {
         Ok(())
     } else {
@@ -645,6 +665,54 @@ tenant bob QP_CREATE 2
         for good in ["alice", "a.b-c_d", "A9", ok.as_str()] {
             QuotaConfig::parse(&format!("tenant {good} QP_COUNT 1"), "q").expect(good);
         }
+    }
+
+    #[test]
+    fn spiffe_ids_are_tenants_in_files_and_flags() {
+        let text = "tenant spiffe://a.example/ns/x/sa/alice QP_COUNT 1 # a's alice\n\
+                    tenant spiffe://b.example/ns/x/sa/alice QP_COUNT 3\n";
+        let config = QuotaConfig::parse(text, "q").expect("SPIFFE tenants");
+        let count = |t: &str| config.tenant(t).and_then(|l| l.count(Resource::Qp));
+        // The same path under two trust domains: two tenants, each with its own limit.
+        assert_eq!(count("spiffe://a.example/ns/x/sa/alice"), Some(1));
+        assert_eq!(count("spiffe://b.example/ns/x/sa/alice"), Some(3));
+        assert_eq!(count("alice"), None);
+        // The rendered file parses back to the same configuration.
+        assert_eq!(
+            QuotaConfig::parse(&config.to_string(), "q").expect("round trip"),
+            config
+        );
+
+        // As a flag the key follows the last ':'.
+        let s: LimitSetting = "tenant:spiffe://a.example/ns/x/sa/alice:QP_COUNT=2"
+            .parse()
+            .expect("SPIFFE --limit");
+        assert_eq!(s.tenant(), Some("spiffe://a.example/ns/x/sa/alice"));
+        assert_eq!(s.key(), LimitKey::count(Resource::Qp));
+        assert_eq!(s.value(), 2);
+        assert_eq!(
+            s.to_string(),
+            "tenant spiffe://a.example/ns/x/sa/alice QP_COUNT 2"
+        );
+    }
+
+    #[test]
+    fn a_bad_spiffe_tenant_names_the_rule_it_breaks() {
+        assert_eq!(
+            error("tenant spiffe://Example.org/alice QP_COUNT 1"),
+            "quota.conf:1: invalid tenant \"spiffe://Example.org/alice\": not a valid SPIFFE ID: \
+             'E' is not allowed in a trust domain: use lowercase letters, digits, '.', '-', '_'"
+        );
+        let err = "tenant:spiffe://example.org:443/alice:QP_COUNT=1"
+            .parse::<LimitSetting>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.ends_with(
+                "not a valid SPIFFE ID: a SPIFFE ID has no port (':') in its trust domain"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! - `refusal`: [`Refusal`], why a call was refused and for whom.
 //! - `snapshot`: [`QuotaSnapshot`], what admission has counted, for reports.
 //! - [`tenant`]: tenant names and how a connected program's tenant is found.
+//! - [`spiffe`]: SPIFFE IDs, the tenant names of X509-SVIDs.
 //! - [`cgroup`]: which cgroup v2 a process is in, and ids back to paths.
 //! - [`rdma_cgroup`]: the kernel's rdma cgroup limits (`rdma.max`).
 //! - [`wire`]: the collector protocol, both halves, and its socket path.
@@ -64,6 +65,7 @@ mod rate;
 pub mod rdma_cgroup;
 mod refusal;
 mod snapshot;
+pub mod spiffe;
 pub mod tenant;
 mod verb;
 pub mod wire;

@@ -26,13 +26,14 @@ const RESERVED: [&str; 2] = ["ca", "server"];
 /// Whether `name` can be a tenant of a quota file: a client certificate name
 /// (1-64 characters from `a-z`, `A-Z`, `0-9`, `-`, `_`, `.`, not starting
 /// with `.`, and neither `ca` nor `server`), or a cgroup path as
-/// [`cgroup_tenant`] writes it (starting with `/`).
+/// [`cgroup_tenant`] writes it (starting with `/`), or a SPIFFE ID
+/// ([`crate::spiffe`], `spiffe://trust-domain/path`), the identity of an X509-SVID.
 ///
 /// Tenants of the TLS server are the identities of client certificates,
 /// whose names become file names, so this is the certificate naming rule: a
 /// name it refuses could never match a connection. The collector's cgroup
 /// tenants always start with `/`, which no certificate name can, so the two
-/// kinds never meet.
+/// kinds never meet; nor do SPIFFE IDs, which start with `spiffe://`.
 ///
 /// # Examples
 ///
@@ -45,9 +46,13 @@ const RESERVED: [&str; 2] = ["ca", "server"];
 /// assert!(!is_valid_name("../etc"));
 /// assert!(!is_valid_name("/lab.slice/../etc"));
 /// assert!(!is_valid_name("server"));
+/// assert!(is_valid_name("spiffe://example.org/ns/prod/sa/alice"));
+/// assert!(!is_valid_name("spiffe://Example.org/alice"));
 /// ```
 pub fn is_valid_name(name: &str) -> bool {
-    is_certificate_name(name) || is_cgroup_tenant(name)
+    is_certificate_name(name)
+        || is_cgroup_tenant(name)
+        || crate::spiffe::SpiffeId::parse(name).is_ok()
 }
 
 /// A client certificate name: 1-64 characters from `a-z`, `A-Z`, `0-9`,

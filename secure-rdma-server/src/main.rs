@@ -12,8 +12,10 @@ use rdma_cli::choices::{CipherChoice, PollMode};
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
 use secure_rdma::metrics::ServerMetrics;
+use secure_rdma::quota::spiffe::SpiffeId;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Limits, PrefixLengths, ProtectionPolicy, Server, ServerConfig};
+use secure_rdma::tls::IdentitySource;
 use secure_rdma::verbs::Poll;
 use serde::Deserialize;
 
@@ -166,7 +168,33 @@ struct Opts {
     /// nothing twice); 0 remembers nothing [default: 120]
     #[arg(long, value_name = "SECONDS")]
     resume_window: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window)
+    /// Which name of a client certificate is its identity (in logs, metrics, quotas): auto = the
+    /// SPIFFE ID of an X509-SVID (its one spiffe:// URI SAN) if it has one, else the subject CN;
+    /// spiffe = the SPIFFE ID only (others refused); dns = its one DNS SAN; cn = the subject CN.
+    /// A certificate without that name is refused with the reason [default: auto]
+    #[arg(long, value_name = "SOURCE", value_enum)]
+    identity: Option<IdentityChoice>,
+    /// Accept SPIFFE IDs only from this trust domain (e.g. example.org); repeatable. Every CA
+    /// in --ca can sign any SPIFFE ID, so this keeps the server to its own trust domains
+    /// [default: any]
+    #[arg(long = "trust-domain", value_name = "DOMAIN", value_parser = parse_trust_domain)]
+    #[serde(default)]
+    trust_domain: Vec<String>,
+    /// CA bundle that client certificates must chain to, from any PKI (openssl, cert-manager,
+    /// Vault, SPIRE) [default: DIR/ca.pem of --certs]
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// Server certificate (PEM, with its chain) [default: DIR/server.pem of --certs]
+    #[arg(long, value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// Server private key (PEM: PKCS#8, SEC1 or PKCS#1) [default: DIR/server.key of --certs]
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// Certificate revocation list (PEM), re-read when it changes [default: DIR/crl.pem of
+    /// --certs; none when --ca, --cert and --key are all given without --certs]
+    #[arg(long, value_name = "FILE")]
+    crl: Option<PathBuf>,
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -174,6 +202,32 @@ struct Opts {
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
     #[serde(skip)]
     log_format: LogFormat,
+}
+
+/// `--identity`: which name of a client certificate is its identity (the library's
+/// [`IdentitySource`], spelled for the command line and the config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum IdentityChoice {
+    /// The SPIFFE ID of an X509-SVID if the certificate has one, else the subject CN
+    Auto,
+    /// The SPIFFE ID of an X509-SVID only (exactly one URI SAN, a valid spiffe:// ID)
+    Spiffe,
+    /// The certificate's one DNS SAN, lowercased
+    Dns,
+    /// The subject common name
+    Cn,
+}
+
+impl From<IdentityChoice> for IdentitySource {
+    fn from(choice: IdentityChoice) -> IdentitySource {
+        match choice {
+            IdentityChoice::Auto => IdentitySource::Auto,
+            IdentityChoice::Spiffe => IdentitySource::Spiffe,
+            IdentityChoice::Dns => IdentitySource::Dns,
+            IdentityChoice::Cn => IdentitySource::Cn,
+        }
+    }
 }
 
 /// `cipher = "..."` in the --config file: the same spellings as `--cipher`.
@@ -226,10 +280,16 @@ enum CertsCommand {
         #[arg(long = "san", value_name = "NAME")]
         sans: Vec<String>,
     },
-    /// Issue a client certificate; NAME is the client's identity (tenant)
+    /// Issue a client certificate; NAME is the client's identity (tenant), or with --spiffe-id
+    /// the certificate is an X509-SVID known by that SPIFFE ID
     Client {
-        /// Identity: letters, digits, '-', '_', '.'
+        /// Identity: letters, digits, '-', '_', '.' (also the file names NAME.pem, NAME.key)
         name: String,
+        /// Also put this SPIFFE ID (spiffe://trust-domain/path) in the certificate as its one
+        /// URI SAN: a server taking identities from SPIFFE IDs (the default) knows the client by
+        /// it, in logs, metrics and quotas
+        #[arg(long, value_name = "ID", value_parser = parse_spiffe_id)]
+        spiffe_id: Option<SpiffeId>,
         /// The server's directory; NAME.pem and NAME.key are written there
         #[arg(long, default_value = "certs")]
         dir: PathBuf,
@@ -249,6 +309,20 @@ enum CertsCommand {
         #[arg(long, value_name = "DIR")]
         ca_dir: Option<PathBuf>,
     },
+}
+
+/// `--spiffe-id`: a SPIFFE ID, or why not.
+fn parse_spiffe_id(text: &str) -> Result<SpiffeId, String> {
+    text.parse().map_err(|e| format!("not a SPIFFE ID: {e}"))
+}
+
+/// `--trust-domain`: a SPIFFE trust domain name, or why not.
+fn parse_trust_domain(text: &str) -> Result<String, String> {
+    match SpiffeId::parse(&format!("spiffe://{text}")) {
+        Ok(id) if id.path().is_empty() => Ok(text.to_owned()),
+        Ok(_) => Err("a trust domain, not a SPIFFE ID: no '/'".to_owned()),
+        Err(e) => Err(format!("not a SPIFFE trust domain: {e}")),
+    }
 }
 
 /// The CA directory: the one given, else DIR-ca, else DIR itself (the layout of `certs::init`).
@@ -304,14 +378,23 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
                 done.count
             );
         }
-        CertsCommand::Client { name, dir, ca_dir } => {
+        CertsCommand::Client {
+            name,
+            dir,
+            ca_dir,
+            spiffe_id,
+        } => {
             let ca_dir = ca_dir_of(&dir, ca_dir);
-            let pair = certs::issue_client_from(&ca_dir, &dir, &name).map_err(hints::cert_error)?;
+            let pair = certs::issue_client_with_spiffe_id(&ca_dir, &dir, &name, spiffe_id.as_ref())
+                .map_err(hints::cert_error)?;
             println!(
                 "client {name}: {} (key {})",
                 pair.cert.display(),
                 pair.key.display()
             );
+            if let Some(id) = &spiffe_id {
+                println!("identity: {id} (the SPIFFE ID of this X509-SVID)");
+            }
             println!(
                 "connect with: secure-client HOST --certs {} --name {name}",
                 dir.display()
@@ -382,19 +465,38 @@ async fn serve(flags: Opts) -> Result<()> {
         .or(file.max_session_lifetime)
         .map(|s| Duration::from_secs(s.max(1)));
     let allow_gid_mismatch = flags.allow_gid_mismatch || file.allow_gid_mismatch;
-    let dir = flags
-        .certs
-        .or(file.certs)
-        .unwrap_or_else(|| PathBuf::from("certs"));
+    let given_dir = flags.certs.or(file.certs);
+    let dir = given_dir.clone().unwrap_or_else(|| PathBuf::from("certs"));
     let ca = certs::ca_paths(&dir);
     let server = certs::server_paths(&dir);
+    // Files of any PKI override the directory's, one by one.
+    let (ca_file, cert_file, key_file) = (
+        flags.ca.or(file.ca),
+        flags.cert.or(file.cert),
+        flags.key.or(file.key),
+    );
+    let all_explicit = ca_file.is_some() && cert_file.is_some() && key_file.is_some();
+    let ca_file = ca_file.unwrap_or_else(|| ca.cert.clone());
+    let cert_file = cert_file.unwrap_or_else(|| server.cert.clone());
+    let key_file = key_file.unwrap_or_else(|| server.key.clone());
+    // A CRL beside the directory's files unless the files came from elsewhere entirely.
+    let crl_file = flags
+        .crl
+        .or(file.crl)
+        .or_else(|| (given_dir.is_some() || !all_explicit).then(|| certs::crl_path(&dir)));
     // Never invent a new CA: a typo in --certs would otherwise start a server that trusts
     // nobody's existing certificates, silently.
-    let missing: Vec<String> = [&ca.cert, &server.cert, &server.key]
+    let missing: Vec<String> = [&ca_file, &cert_file, &key_file]
         .into_iter()
         .filter(|p| !p.exists())
         .map(|p| p.display().to_string())
         .collect();
+    if !missing.is_empty() && all_explicit {
+        bail!(
+            "missing {}: --ca, --cert and --key name the CA bundle, the server certificate and its key",
+            missing.join(", ")
+        );
+    }
     if !missing.is_empty() {
         bail!(
             "no usable certificates in {dir}: missing {missing}. Create them with `secure-server certs init --dir {dir}`, \
@@ -403,7 +505,7 @@ async fn serve(flags: Opts) -> Result<()> {
             missing = missing.join(", ")
         );
     }
-    if ca.key.exists() {
+    if !all_explicit && ca.key.exists() {
         tracing::warn!(
             key = %ca.key.display(),
             "the CA key sits next to the server's files: whoever can read them can mint any client identity; keep it elsewhere (secure-server certs init --ca-dir)"
@@ -417,7 +519,27 @@ async fn serve(flags: Opts) -> Result<()> {
         .or(file.port.map(any_address))
         .unwrap_or_else(|| any_address(4433));
     // The certificates of `dir`: ca.pem, server.pem, server.key and crl.pem, as checked above.
+    // The file's trust domains are checked as the flag's are.
+    let trust_domains = if flags.trust_domain.is_empty() {
+        file.trust_domain
+            .iter()
+            .map(|td| {
+                parse_trust_domain(td).map_err(|e| anyhow::anyhow!("trust-domain {td:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        flags.trust_domain
+    };
     let mut config = ServerConfig::new(listen, &dir)
+        .with_certificate_files(ca_file, cert_file, key_file)
+        .with_crl(crl_file)
+        .with_identity(
+            flags
+                .identity
+                .or(file.identity)
+                .map_or_else(IdentitySource::default, IdentitySource::from),
+        )
+        .with_spiffe_trust_domains(trust_domains)
         .with_max_clients(flags.max_clients.or(file.max_clients).unwrap_or(10))
         .with_device(flags.device.or(file.device))
         .with_gid_index(flags.gid_index.or(file.gid_index))

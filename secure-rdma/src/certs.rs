@@ -293,12 +293,39 @@ fn load_ca(ca_dir: &Path) -> Result<(String, KeyPair), CertError> {
 
 /// Issues a client certificate for `name` signed by the CA in `ca_dir`, written to `dir`.
 pub fn issue_client_from(ca_dir: &Path, dir: &Path, name: &str) -> Result<Pair, CertError> {
+    issue_client_with_spiffe_id(ca_dir, dir, name, None)
+}
+
+/// [`issue_client_from`], and with `spiffe_id` the certificate is an X509-SVID: that SPIFFE ID
+/// is its one URI SAN, and the server (identities from SPIFFE IDs, the default) knows the
+/// client by it rather than by `name`, which still names the files.
+///
+/// ```
+/// use secure_rdma::quota::spiffe::SpiffeId;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// secure_rdma::certs::init(dir.path(), &["localhost".into()]).unwrap();
+/// let id: SpiffeId = "spiffe://example.org/ns/prod/sa/api".parse().unwrap();
+/// let pair = secure_rdma::certs::issue_client_with_spiffe_id(dir.path(), dir.path(), "api", Some(&id)).unwrap();
+/// let cert = secure_rdma::tls::load_certs(&pair.cert).unwrap();
+/// assert_eq!(secure_rdma::tls::identity_of(&cert[0]).unwrap(), id.as_str());
+/// ```
+pub fn issue_client_with_spiffe_id(
+    ca_dir: &Path,
+    dir: &Path,
+    name: &str,
+    spiffe_id: Option<&crate::quota::spiffe::SpiffeId>,
+) -> Result<Pair, CertError> {
     validate_name(name)?;
     let (ca_cert_pem, ca_key) = load_ca(ca_dir)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_cert_pem, &ca_key)?;
     let key = KeyPair::generate()?;
-    let cert = leaf_params(name, vec![san(name)?], ExtendedKeyUsagePurpose::ClientAuth)
-        .signed_by(&key, &issuer)?;
+    let mut sans = vec![san(name)?];
+    if let Some(id) = spiffe_id {
+        sans.push(SanType::URI(id.as_str().try_into()?));
+    }
+    let cert =
+        leaf_params(name, sans, ExtendedKeyUsagePurpose::ClientAuth).signed_by(&key, &issuer)?;
     let pair = client_paths(dir, name);
     write_pair(&pair, &cert.pem(), &key)?;
     Ok(pair)

@@ -3,8 +3,11 @@
 //!
 //! Only TLS 1.3 is offered. The server requires a client certificate from the
 //! deployment's CA; the client verifies the server against the same CA and
-//! the name it dialled. The client certificate's common name is the client's
-//! identity (its tenant) everywhere: logs, telemetry, quotas.
+//! the name it dialled. The client certificate names the client's identity (its
+//! tenant) everywhere: logs, telemetry, quotas, streams. Which of its names is
+//! the identity is an [`IdentitySource`]: by default the SPIFFE ID of an
+//! X509-SVID (its one URI SAN) when the certificate has one, else the subject's
+//! common name, as `secure-server certs` writes it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -74,6 +77,132 @@ pub enum IdentityError {
     /// The common name is not a valid identity.
     #[error("{0}")]
     Name(#[from] crate::certs::CertError),
+    /// An extension (subject alternative names, basic constraints, key usage) does not parse.
+    #[error("certificate extension: {0}")]
+    San(#[source] x509_parser::error::X509Error),
+    /// A SPIFFE ID was required and the certificate has no URI SAN.
+    #[error(
+        "no SPIFFE ID: the certificate has no URI SAN (an X509-SVID carries its SPIFFE ID \
+         there); issue one with a spiffe:// URI SAN, or take identities from the DNS name or \
+         common name"
+    )]
+    NoSpiffeId,
+    /// An X509-SVID carries exactly one URI SAN; this certificate has several.
+    #[error(
+        "{count} URI SANs ({uris}): an X509-SVID carries exactly one, its SPIFFE ID; \
+         issue the certificate with a single URI SAN"
+    )]
+    UriCount {
+        /// How many.
+        count: usize,
+        /// Them, comma-separated.
+        uris: String,
+    },
+    /// The URI SAN is not a valid SPIFFE ID.
+    #[error("URI SAN {uri:?} is not a valid SPIFFE ID: {reason}")]
+    SpiffeId {
+        /// The URI as the certificate carries it.
+        uri: String,
+        /// Which rule it breaks.
+        #[source]
+        reason: crate::quota::spiffe::SpiffeIdError,
+    },
+    /// A DNS name was required and the certificate has none.
+    #[error("no DNS name: the certificate has no DNS SAN; issue one with a DNS SAN, or take identities from the SPIFFE ID or common name")]
+    NoDnsName,
+    /// Several DNS SANs: which one is the identity would be a guess.
+    #[error("{count} DNS SANs ({names}): the identity is ambiguous; issue the client certificate with one DNS SAN, or take identities from the SPIFFE ID or common name")]
+    DnsNameCount {
+        /// How many.
+        count: usize,
+        /// Them, comma-separated.
+        names: String,
+    },
+    /// The certificate carries a SPIFFE ID but is not a leaf X509-SVID (X509-SVID standard,
+    /// §4): a CA, or key usages other than a leaf's.
+    #[error("not an X509-SVID leaf: {0}; issue the client certificate with CA:FALSE and keyUsage digitalSignature (without keyCertSign or cRLSign)")]
+    NotSvidLeaf(&'static str),
+    /// A SPIFFE ID of a trust domain the server does not accept.
+    #[error("trust domain {trust_domain} of {id} is not one this server accepts ({accepted})")]
+    TrustDomain {
+        /// The SPIFFE ID.
+        id: String,
+        /// Its trust domain.
+        trust_domain: String,
+        /// The accepted ones, comma-separated.
+        accepted: String,
+    },
+    /// The DNS SAN is not a usable name.
+    #[error("DNS SAN {0:?} is not a host name (letters, digits, '-', '_' in dot-separated labels of 1-63, at most 253 in all; no wildcards)")]
+    DnsName(String),
+}
+
+/// Which name of a client certificate is the client's identity.
+///
+/// ```
+/// use secure_rdma::tls::IdentitySource;
+///
+/// assert_eq!(IdentitySource::default(), IdentitySource::Auto);
+/// assert_eq!("spiffe".parse::<IdentitySource>().unwrap(), IdentitySource::Spiffe);
+/// assert_eq!(IdentitySource::Dns.to_string(), "dns");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdentitySource {
+    /// The SPIFFE ID when the certificate has a `spiffe:` URI SAN (it must then be a valid
+    /// X509-SVID identity), else the common name. The default: certificates of
+    /// [`crate::certs`] keep their names, and X509-SVIDs are named by their SPIFFE IDs.
+    #[default]
+    Auto,
+    /// The SPIFFE ID of an X509-SVID: exactly one URI SAN, a valid SPIFFE ID; certificates
+    /// without one are refused.
+    Spiffe,
+    /// The one DNS SAN, lowercased (DNS names are case-insensitive).
+    Dns,
+    /// The subject's common name (1-64 of `A-Z a-z 0-9 . _ -`).
+    Cn,
+}
+
+impl IdentitySource {
+    /// Every source, as [`std::fmt::Display`] writes them.
+    pub const ALL: [IdentitySource; 4] = [
+        IdentitySource::Auto,
+        IdentitySource::Spiffe,
+        IdentitySource::Dns,
+        IdentitySource::Cn,
+    ];
+
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdentitySource::Auto => "auto",
+            IdentitySource::Spiffe => "spiffe",
+            IdentitySource::Dns => "dns",
+            IdentitySource::Cn => "cn",
+        }
+    }
+}
+
+impl std::fmt::Display for IdentitySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is no [`IdentitySource`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown identity source {0:?} (expected auto, spiffe, dns or cn)")]
+pub struct UnknownIdentitySource(pub String);
+
+impl std::str::FromStr for IdentitySource {
+    type Err = UnknownIdentitySource;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        IdentitySource::ALL
+            .into_iter()
+            .find(|source| source.as_str() == s)
+            .ok_or_else(|| UnknownIdentitySource(s.to_owned()))
+    }
 }
 
 fn pem_err(path: &Path, source: rustls::pki_types::pem::Error) -> TlsError {
@@ -181,27 +310,184 @@ pub fn client_config_without_cert(ca: &Path) -> Result<Arc<ClientConfig>, TlsErr
     Ok(Arc::new(config))
 }
 
-/// The identity in a certificate: its subject common name.
+/// The identity in a certificate, as [`IdentitySource::Auto`] finds it: the SPIFFE ID of an
+/// X509-SVID, else the subject common name.
 pub fn identity_of(cert: &CertificateDer<'_>) -> Result<String, TlsError> {
+    identity_from(cert, IdentitySource::Auto)
+}
+
+/// The identity in a certificate, taken from `source`.
+pub fn identity_from(
+    cert: &CertificateDer<'_>,
+    source: IdentitySource,
+) -> Result<String, TlsError> {
     let (_, x509) =
         x509_parser::parse_x509_certificate(cert.as_ref()).map_err(IdentityError::from)?;
+    Ok(identity_in(&x509, source)?)
+}
+
+fn identity_in(
+    x509: &x509_parser::certificate::X509Certificate<'_>,
+    source: IdentitySource,
+) -> Result<String, IdentityError> {
+    use x509_parser::extensions::GeneralName;
+    let sans: Vec<&GeneralName<'_>> = match x509.subject_alternative_name() {
+        Ok(Some(ext)) => ext.value.general_names.iter().collect(),
+        Ok(None) => Vec::new(),
+        Err(e) => return Err(IdentityError::San(e)),
+    };
+    let uris: Vec<&str> = sans
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(u) => Some(*u),
+            _ => None,
+        })
+        .collect();
+    let dns: Vec<&str> = sans
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some(*d),
+            _ => None,
+        })
+        .collect();
+    match source {
+        IdentitySource::Spiffe => svid_leaf(x509).and_then(|()| spiffe_id(&uris)),
+        // A certificate that means to be an X509-SVID is judged as one: a broken SPIFFE ID is
+        // refused, never quietly replaced by the common name.
+        IdentitySource::Auto
+            if uris
+                .iter()
+                .any(|u| crate::quota::spiffe::looks_like_spiffe_id(u)) =>
+        {
+            svid_leaf(x509).and_then(|()| spiffe_id(&uris))
+        }
+        IdentitySource::Auto | IdentitySource::Cn => common_name(x509),
+        IdentitySource::Dns => dns_name(&dns),
+    }
+}
+
+/// The leaf rules of the X509-SVID standard (§4.1, §4.3), as go-spiffe checks them: not a CA,
+/// key usage digitalSignature, and neither keyCertSign nor cRLSign. A signing certificate's
+/// SPIFFE ID names a trust domain's authority, never a workload.
+fn svid_leaf(x509: &x509_parser::certificate::X509Certificate<'_>) -> Result<(), IdentityError> {
+    match x509.basic_constraints() {
+        Ok(Some(bc)) if bc.value.ca => return Err(IdentityError::NotSvidLeaf("it is a CA")),
+        Ok(_) => {}
+        Err(e) => return Err(IdentityError::San(e)),
+    }
+    let usage = match x509.key_usage() {
+        Ok(Some(ku)) => ku.value,
+        Ok(None) => return Err(IdentityError::NotSvidLeaf("it has no key usage extension")),
+        Err(e) => return Err(IdentityError::San(e)),
+    };
+    if !usage.digital_signature() {
+        return Err(IdentityError::NotSvidLeaf(
+            "its key usage lacks digitalSignature",
+        ));
+    }
+    if usage.key_cert_sign() || usage.crl_sign() {
+        return Err(IdentityError::NotSvidLeaf(
+            "its key usage includes keyCertSign or cRLSign",
+        ));
+    }
+    Ok(())
+}
+
+/// The SPIFFE ID of an X509-SVID: its only URI SAN (X509-SVID standard, §2).
+fn spiffe_id(uris: &[&str]) -> Result<String, IdentityError> {
+    match uris {
+        [] => Err(IdentityError::NoSpiffeId),
+        [uri] => crate::quota::spiffe::SpiffeId::parse(uri)
+            .map(crate::quota::spiffe::SpiffeId::into_string)
+            .map_err(|reason| IdentityError::SpiffeId {
+                uri: (*uri).to_owned(),
+                reason,
+            }),
+        many => Err(IdentityError::UriCount {
+            count: many.len(),
+            uris: many.join(", "),
+        }),
+    }
+}
+
+fn common_name(
+    x509: &x509_parser::certificate::X509Certificate<'_>,
+) -> Result<String, IdentityError> {
     let cn = x509
         .subject()
         .iter_common_name()
         .next()
         .ok_or(IdentityError::NoCommonName)?;
     let name = cn.as_str().map_err(IdentityError::CommonName)?;
-    crate::certs::validate_name(name).map_err(IdentityError::from)?;
+    crate::certs::validate_name(name)?;
     Ok(name.to_owned())
 }
 
-/// The authenticated identity of the client on a server-side connection.
+fn dns_name(names: &[&str]) -> Result<String, IdentityError> {
+    let name = match names {
+        [] => return Err(IdentityError::NoDnsName),
+        [one] => *one,
+        many => {
+            return Err(IdentityError::DnsNameCount {
+                count: many.len(),
+                names: many.join(", "),
+            })
+        }
+    };
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+    };
+    if name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(IdentityError::DnsName(name.to_owned()));
+    }
+    // One name, one tenant: `Alice.example` and `alice.example` are the same host.
+    Ok(name.to_ascii_lowercase())
+}
+
+/// Checks that `identity`, when it is a SPIFFE ID, belongs to one of the `accepted` trust
+/// domains (none: any). Identities that are not SPIFFE IDs pass: they have no trust domain.
+///
+/// ```
+/// use secure_rdma::tls::check_trust_domain;
+///
+/// let accepted = ["example.org".to_owned()];
+/// assert!(check_trust_domain("spiffe://example.org/api", &accepted).is_ok());
+/// assert!(check_trust_domain("spiffe://other.example/api", &accepted).is_err());
+/// assert!(check_trust_domain("alice", &accepted).is_ok());
+/// assert!(check_trust_domain("spiffe://other.example/api", &[]).is_ok());
+/// ```
+pub fn check_trust_domain(identity: &str, accepted: &[String]) -> Result<(), IdentityError> {
+    let Ok(id) = crate::quota::spiffe::SpiffeId::parse(identity) else {
+        return Ok(());
+    };
+    if accepted.is_empty() || accepted.iter().any(|td| td == id.trust_domain()) {
+        return Ok(());
+    }
+    Err(IdentityError::TrustDomain {
+        trust_domain: id.trust_domain().to_owned(),
+        id: id.into_string(),
+        accepted: accepted.join(", "),
+    })
+}
+
+/// The authenticated identity of the client on a server-side connection, as
+/// [`IdentitySource::Auto`] finds it.
 pub fn client_identity(conn: &rustls::ServerConnection) -> Result<String, TlsError> {
+    client_identity_from(conn, IdentitySource::Auto)
+}
+
+/// The authenticated identity of the client on a server-side connection, taken from `source`.
+pub fn client_identity_from(
+    conn: &rustls::ServerConnection,
+    source: IdentitySource,
+) -> Result<String, TlsError> {
     let cert = conn
         .peer_certificates()
         .and_then(|c| c.first())
         .ok_or(TlsError::Identity(IdentityError::NoCertificate))?;
-    identity_of(cert)
+    identity_from(cert, source)
 }
 
 /// The two confirmation tokens of a TLS session (see [`confirmation_token`]), as
@@ -288,6 +574,156 @@ mod tests {
         let n = p.sealer.seal(Op::Send, msg, &mut out).unwrap();
         out.truncate(n);
         out
+    }
+
+    /// A self-signed certificate with this CN and these SANs (only its names matter here).
+    fn cert_with(cn: &str, sans: &[&str]) -> CertificateDer<'static> {
+        use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
+        let mut p = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        p.distinguished_name = dn;
+        p.subject_alt_names = sans
+            .iter()
+            .map(|s| match s.split_once(':') {
+                Some(("dns", name)) => SanType::DnsName((*name).try_into().unwrap()),
+                _ => SanType::URI((*s).try_into().unwrap()),
+            })
+            .collect();
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().unwrap();
+        p.self_signed(&key).unwrap().der().clone()
+    }
+
+    fn identity(cert: &CertificateDer<'_>, source: IdentitySource) -> Result<String, String> {
+        identity_from(cert, source).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn identities_come_from_the_configured_name() {
+        use IdentitySource::*;
+        // As `certs client alice` writes it: CN and DNS SAN alice, no URI.
+        let plain = cert_with("alice", &["dns:alice"]);
+        assert_eq!(identity(&plain, Auto).as_deref(), Ok("alice"));
+        assert_eq!(identity(&plain, Cn).as_deref(), Ok("alice"));
+        assert_eq!(identity(&plain, Dns).as_deref(), Ok("alice"));
+        let err = identity(&plain, Spiffe).unwrap_err();
+        assert!(
+            err.contains("no SPIFFE ID: the certificate has no URI SAN"),
+            "{err}"
+        );
+
+        // An X509-SVID: auto and spiffe take the SPIFFE ID, cn and dns still what they name.
+        let svid = cert_with(
+            "alice",
+            &["spiffe://a.example/ns/x/sa/alice", "dns:Api.Example"],
+        );
+        assert_eq!(
+            identity(&svid, Auto).as_deref(),
+            Ok("spiffe://a.example/ns/x/sa/alice")
+        );
+        assert_eq!(
+            identity(&svid, Spiffe).as_deref(),
+            Ok("spiffe://a.example/ns/x/sa/alice")
+        );
+        assert_eq!(identity(&svid, Cn).as_deref(), Ok("alice"));
+        assert_eq!(identity(&svid, Dns).as_deref(), Ok("api.example"));
+
+        // The same path under another trust domain is another identity.
+        let other = cert_with("alice", &["spiffe://b.example/ns/x/sa/alice"]);
+        assert_ne!(identity(&svid, Auto), identity(&other, Auto));
+
+        // A URI that is not a SPIFFE ID does not make auto leave the common name.
+        let web = cert_with("alice", &["https://example.org/alice"]);
+        assert_eq!(identity(&web, Auto).as_deref(), Ok("alice"));
+        let err = identity(&web, Spiffe).unwrap_err();
+        assert!(
+            err.contains("is not a valid SPIFFE ID: a SPIFFE ID starts with"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn certificates_without_a_usable_identity_are_refused_with_the_reason() {
+        use IdentitySource::*;
+        // A broken SPIFFE ID is refused, never replaced by the common name.
+        let bad = cert_with("alice", &["spiffe://Example.org/alice"]);
+        for source in [Auto, Spiffe] {
+            let err = identity(&bad, source).unwrap_err();
+            assert_eq!(
+                err,
+                "peer certificate: URI SAN \"spiffe://Example.org/alice\" is not a valid SPIFFE ID: \
+                 'E' is not allowed in a trust domain: use lowercase letters, digits, '.', '-', '_'"
+            );
+        }
+        // An X509-SVID has exactly one URI SAN.
+        let two = cert_with("alice", &["spiffe://a.example/x", "spiffe://a.example/y"]);
+        let err = identity(&two, Auto).unwrap_err();
+        assert!(
+            err.starts_with("peer certificate: 2 URI SANs (spiffe://a.example/x, spiffe://a.example/y): an X509-SVID carries exactly one"),
+            "{err}"
+        );
+        // DNS: none, several, or not a host name.
+        let none = cert_with("alice", &[]);
+        assert!(identity(&none, Dns).unwrap_err().contains("no DNS name"));
+        let several = cert_with("alice", &["dns:a.example", "dns:b.example"]);
+        assert!(identity(&several, Dns)
+            .unwrap_err()
+            .contains("2 DNS SANs (a.example, b.example)"));
+        let wildcard = cert_with("alice", &["dns:*.example"]);
+        assert!(identity(&wildcard, Dns)
+            .unwrap_err()
+            .contains("\"*.example\" is not a host name"));
+        // A SPIFFE ID on a certificate that is no X509-SVID leaf.
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = vec![rcgen::SanType::URI(
+            "spiffe://a.example/x".try_into().unwrap(),
+        )];
+        let key = rcgen::KeyPair::generate().unwrap();
+        for (usages, why) in [
+            (vec![], "it has no key usage extension"),
+            (
+                vec![rcgen::KeyUsagePurpose::KeyEncipherment],
+                "its key usage lacks digitalSignature",
+            ),
+            (
+                vec![
+                    rcgen::KeyUsagePurpose::DigitalSignature,
+                    rcgen::KeyUsagePurpose::KeyCertSign,
+                ],
+                "its key usage includes keyCertSign or cRLSign",
+            ),
+        ] {
+            p.key_usages = usages;
+            let cert = p.self_signed(&key).unwrap().der().clone();
+            let err = identity(&cert, Auto).unwrap_err();
+            assert!(
+                err.contains(&format!("not an X509-SVID leaf: {why}")),
+                "{err}"
+            );
+        }
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = p.self_signed(&key).unwrap().der().clone();
+        assert!(identity(&ca, Spiffe)
+            .unwrap_err()
+            .contains("not an X509-SVID leaf: it is a CA"));
+        // A common name that is no identity, as before.
+        let slash = cert_with("a/b", &[]);
+        assert!(identity(&slash, Cn)
+            .unwrap_err()
+            .contains("invalid client name \"a/b\""));
+    }
+
+    #[test]
+    fn identity_sources_parse_from_their_names() {
+        for source in IdentitySource::ALL {
+            assert_eq!(source.to_string().parse::<IdentitySource>(), Ok(source));
+        }
+        assert_eq!(
+            "uri".parse::<IdentitySource>().unwrap_err().to_string(),
+            "unknown identity source \"uri\" (expected auto, spiffe, dns or cn)"
+        );
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::admission::{admit, Pending};
+use super::admission::{admit, refuse_unidentified, Pending};
 use super::preauth::{SourcePrefix, SUMMARY_EVERY};
 use super::session_loop::serve_session;
 use super::{Server, Shared};
@@ -193,11 +193,17 @@ async fn serve(
         }
     };
     let conn_state = &tls.get_ref().1;
-    let identity = match tls::client_identity(conn_state) {
+    let identity = match tls::client_identity_from(conn_state, cfg.identity).and_then(|id| {
+        tls::check_trust_domain(&id, &cfg.spiffe_trust_domains)?;
+        Ok(id)
+    }) {
         Ok(id) => id,
         Err(e) => {
-            tracing::warn!(%peer, error = %e, "client refused");
-            return failed(HandshakeOutcome::TlsFailed);
+            // The certificate verified, so the client is told why it is refused.
+            let span = tracing::info_span!(parent: None, "client", %peer);
+            return refuse_unidentified(Channel::new(tls), e, &shared)
+                .instrument(span)
+                .await;
         }
     };
     let chan = Channel::new(tls);

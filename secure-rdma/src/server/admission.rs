@@ -440,6 +440,31 @@ fn derive_secrets(
     Ok(Secrets { tokens, protection })
 }
 
+/// Refuses a client whose certificate verified but names no usable identity (see
+/// [`IdentitySource`](crate::tls::IdentitySource)): its hello is read, so that it hears the
+/// reason as a refusal rather than a closed connection.
+pub(super) async fn refuse_unidentified(
+    mut chan: ServerChannel,
+    error: crate::tls::TlsError,
+    shared: &Arc<Shared>,
+) -> Outcome {
+    let counts = &shared.metrics;
+    let timeout = shared.config.handshake_timeout;
+    if !matches!(
+        tokio::time::timeout(timeout, chan.expect_hello()).await,
+        Ok(Ok(_))
+    ) {
+        tracing::warn!(error = %error, "client refused: its certificate names no usable identity");
+        counts.handshake(HandshakeOutcome::Failed);
+        return Outcome::Failed;
+    }
+    let detail = format!(
+        "the client certificate names no usable identity (identities from {}): {error}",
+        shared.config.identity
+    );
+    reject(counts, &mut chan, RejectReason::Policy { detail }).await
+}
+
 /// Refuses a client: counts it, tells it `reason` over TLS and closes.
 async fn reject<S>(counts: &ServerMetrics, chan: &mut Channel<S>, reason: RejectReason) -> Outcome
 where

@@ -16,6 +16,7 @@ use super::preauth::PrefixLengths;
 use crate::handshake::RejectReason;
 use crate::protect::Cipher;
 use crate::quota::Quotas;
+use crate::tls::IdentitySource;
 use crate::verbs::Poll;
 
 /// Server settings (what `secure-server`'s flags fill in).
@@ -77,6 +78,14 @@ pub struct ServerConfig {
     /// operations were delivered (default 120 s; zero remembers nothing, and
     /// every reconnect is answered "expired").
     pub resume_window: Duration,
+    /// Which name of a client certificate is the client's identity (default
+    /// [`IdentitySource::Auto`]: the SPIFFE ID of an X509-SVID, else the common name). A
+    /// certificate without that name is refused with the reason.
+    pub identity: IdentitySource,
+    /// SPIFFE IDs are accepted only from these trust domains (empty: from any the CA signs).
+    /// Every CA of [`ca`](Self::ca) can sign any SPIFFE ID; this keeps a deployment of one
+    /// trust domain to its own.
+    pub spiffe_trust_domains: Vec<String>,
 }
 
 impl ServerConfig {
@@ -111,6 +120,8 @@ impl ServerConfig {
             limits: Limits::default(),
             poll: Poll::default(),
             resume_window: Duration::from_secs(120),
+            identity: IdentitySource::default(),
+            spiffe_trust_domains: Vec::new(),
         }
     }
 
@@ -214,6 +225,35 @@ impl ServerConfig {
     pub fn with_pending_per_prefix(mut self, max: usize, lengths: PrefixLengths) -> Self {
         self.limits.max_pending_per_prefix = max;
         self.limits.pending_prefix = lengths;
+        self
+    }
+
+    /// Sets [`identity`](Self::identity).
+    pub fn with_identity(mut self, identity: IdentitySource) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// Sets [`spiffe_trust_domains`](Self::spiffe_trust_domains).
+    pub fn with_spiffe_trust_domains(mut self, trust_domains: Vec<String>) -> Self {
+        self.spiffe_trust_domains = trust_domains;
+        self
+    }
+
+    /// Sets the CA bundle, server certificate and server key to files anywhere (a PKI other
+    /// than [`crate::certs`]'s directory layout: openssl, cert-manager, Vault, SPIRE).
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_certificate_files("/etc/pki/ca.pem".into(), "/etc/pki/srv.pem".into(), "/etc/pki/srv.key".into());
+    /// assert_eq!(config.cert, std::path::Path::new("/etc/pki/srv.pem"));
+    /// ```
+    pub fn with_certificate_files(mut self, ca: PathBuf, cert: PathBuf, key: PathBuf) -> Self {
+        self.ca = ca;
+        self.cert = cert;
+        self.key = key;
         self
     }
 }
