@@ -15,7 +15,9 @@
 //! - `config`: what the server is told ([`ServerConfig`], [`Limits`],
 //!   [`ProtectionPolicy`]);
 //! - `accept`: the accept loop ([`Server::run`], [`Summary`]) and each
-//!   connection's TLS handshake, with the CRL reloaded by `crl`;
+//!   connection's TLS handshake;
+//! - `watch`: the TLS files reloaded as they change, and live sessions ended
+//!   when their client certificate is revoked or expires;
 //! - `admission`: pending limits, per-identity sessions, slots, quotas, and
 //!   the refusals;
 //! - `devices`: the RDMA device and GID for a connection;
@@ -41,13 +43,13 @@ use crate::verbs::Device;
 mod accept;
 mod admission;
 mod config;
-mod crl;
 mod devices;
 mod error;
 pub mod handler;
 mod render;
 mod session_loop;
 mod streams;
+mod watch;
 
 pub use accept::Summary;
 pub use admission::RDMA_WINDOW;
@@ -56,6 +58,7 @@ pub use error::{ConfigError, RdmaSetting, ServerError};
 pub use handler::{handler_fn, Delivery, Handler, HandlerError, HandlerFn, Peer};
 pub use render::{preview, render};
 pub use streams::{ACK_MEMORY, MAX_STREAMS, MAX_STREAMS_PER_IDENTITY};
+pub use watch::{CertFile, POLL as CERT_POLL};
 
 use admission::KeyCounts;
 use devices::Devices;
@@ -70,7 +73,8 @@ struct Shared {
     config: ServerConfig,
     /// Sessions, handshakes, refusals, traffic and authentication failures.
     metrics: ServerMetrics,
-    tls: crl::Acceptor,
+    /// The TLS material, reloaded by a background task, and the live sessions it may end.
+    tls: watch::Credentials,
     devices: Devices,
     slots: Arc<Semaphore>,
     /// Connections not yet admitted, in all and per source address.
@@ -122,7 +126,7 @@ impl Server {
                 size: config.buffer_size,
             }));
         }
-        let tls = crl::Acceptor::new(&config)?;
+        let tls = watch::Credentials::new(&config)?;
         // Checked once at start: a host without RDMA still serves (each client is told why it
         // cannot be served, with the fix), and the operator reads the fix now, not in the first
         // client's failure. A device named in the configuration is opened now, so without RDMA
