@@ -326,8 +326,9 @@ fn parse_err(path: &Path, what: &'static str) -> CertError {
 }
 
 /// Revokes client `name`: adds its certificate's serial to `dir/crl.pem`, signed by the CA in
-/// `ca_dir` (a new CRL that keeps every earlier revocation). The server checks the CRL at every
-/// handshake, so the client is refused from its next connection on, without a restart.
+/// `ca_dir` (a new CRL that keeps every earlier revocation). A running server reloads the CRL
+/// when it changes, without a restart: the client's live sessions end within a second, and its
+/// next connection is refused at TLS.
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();

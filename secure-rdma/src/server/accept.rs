@@ -169,7 +169,7 @@ async fn serve(
         }
     };
     let _ = conn.set_nodelay(true);
-    let acceptor = shared.tls.current();
+    let acceptor = shared.tls.current(&shared.metrics);
     let tls = match tokio::time::timeout(cfg.handshake_timeout, acceptor.accept(conn)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {

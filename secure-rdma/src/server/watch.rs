@@ -28,7 +28,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
@@ -42,10 +42,13 @@ use super::ServerConfig;
 use crate::metrics::ServerMetrics;
 use crate::tls::{self, TlsError};
 
-/// How often the files are looked at. A change is acted on at the second look that sees it
-/// unchanged (so a file being written is not read half-way): a revocation ends its sessions
-/// within two polls plus the work, far inside the promised second.
+/// How often the files are looked at (and at every accepted connection). A new CRL is acted on
+/// at the first look that sees it: a revocation ends its sessions within one poll plus the work,
+/// far inside the promised second.
 pub const POLL: Duration = Duration::from_millis(100);
+
+/// How long the server's certificate and key must hold still before they are read as a pair.
+const PAIR_HOLD: Duration = Duration::from_millis(50);
 
 /// Sessions a server remembers for resumption (the oldest are forgotten first, and their
 /// clients make a full handshake).
@@ -119,10 +122,12 @@ fn stamp(path: &Path) -> Option<Stamp> {
     })
 }
 
-/// Where a watched file stands: what was last seen, and what was last acted on.
+/// Where a watched file stands: what was last seen (and since when), and what was last acted
+/// on.
 #[derive(Debug, Clone, Copy)]
 struct Watched {
     seen: Option<Stamp>,
+    seen_since: Instant,
     acted: Option<Stamp>,
 }
 
@@ -130,20 +135,23 @@ impl Watched {
     fn at(stamp: Option<Stamp>) -> Watched {
         Watched {
             seen: stamp,
+            seen_since: Instant::now(),
             acted: stamp,
         }
     }
 
-    /// What this look at the file says.
-    fn look(&mut self, now: Option<Stamp>) -> Look {
+    /// What this look at the file says: changed and unchanged for `hold`, it has settled.
+    fn look(&mut self, now: Option<Stamp>, hold: Duration) -> Look {
         if now != self.seen {
             self.seen = now;
-            return Look::Moving;
+            self.seen_since = Instant::now();
         }
         if now == self.acted {
             Look::Unchanged
-        } else {
+        } else if self.seen_since.elapsed() >= hold {
             Look::Settled
+        } else {
+            Look::Moving
         }
     }
 }
@@ -153,9 +161,9 @@ impl Watched {
 enum Look {
     /// As it was.
     Unchanged,
-    /// Changed since the last look: maybe still being written.
+    /// Changed a moment ago: maybe still being replaced.
     Moving,
-    /// Changed, and held still since the last look.
+    /// Changed, and held still long enough to be read.
     Settled,
 }
 
@@ -320,8 +328,11 @@ impl Credentials {
         })
     }
 
-    /// The TLS acceptor for a new connection: the material in force now.
-    pub(super) fn current(&self) -> TlsAcceptor {
+    /// The TLS acceptor for a new connection: the material in force now, after a look at the
+    /// files (a few `stat`s), so a revocation made just before applies to this handshake even if
+    /// the watcher has not looked yet.
+    pub(super) fn current(&self, metrics: &ServerMetrics) -> TlsAcceptor {
+        self.poll(metrics);
         self.lock().acceptor.clone()
     }
 
@@ -339,8 +350,17 @@ impl Credentials {
                 continue;
             };
             let now = stamp(path);
+            // The CA bundle and the CRL are read as soon as they change (`certs revoke`
+            // replaces the CRL atomically; one caught half-written fails, keeps the last good
+            // one, and is read again when its writer finishes, which changes it again). The
+            // certificate and its key are two files replaced one after the other: each must
+            // hold still for PAIR_HOLD first.
+            let hold = match file {
+                CertFile::Cert | CertFile::Key => PAIR_HOLD,
+                CertFile::Ca | CertFile::Crl => Duration::ZERO,
+            };
             if let Some(w) = m.files.get_mut(&file) {
-                looks.insert(file, w.look(now));
+                looks.insert(file, w.look(now, hold));
             }
         }
         let look = |f: CertFile| looks.get(&f).copied().unwrap_or(Look::Unchanged);
@@ -689,13 +709,14 @@ mod tests {
     /// client saw (`None` on a resumed handshake, which sends none).
     async fn handshake(
         creds: &Credentials,
+        metrics: &ServerMetrics,
         cc: &Arc<rustls::ClientConfig>,
     ) -> Result<(bool, Option<Vec<u8>>), String> {
         let (a, b) = tokio::io::duplex(1 << 16);
         let name = ServerName::try_from("localhost").unwrap();
         let (c, s) = tokio::join!(
             tokio_rustls::TlsConnector::from(Arc::clone(cc)).connect(name, a),
-            creds.current().accept(b)
+            creds.current(metrics).accept(b)
         );
         let s = s.map_err(|e| e.to_string())?;
         let c = c.map_err(|e| e.to_string())?;
@@ -715,9 +736,14 @@ mod tests {
         Ok((resumed, seen))
     }
 
-    /// Looks at the files as the watcher does, enough times for a change to settle.
-    fn settle(creds: &Credentials, metrics: &ServerMetrics) -> usize {
-        (0..3).map(|_| creds.poll(metrics)).sum()
+    /// Looks at the files as the watcher does, long enough for a change to settle.
+    async fn settle(creds: &Credentials, metrics: &ServerMetrics) -> usize {
+        let mut ended = 0;
+        for _ in 0..3 {
+            ended += creds.poll(metrics);
+            tokio::time::sleep(PAIR_HOLD).await;
+        }
+        ended
     }
 
     async fn ends_soon(live: &mut LiveSession<'_>) -> Option<CertEnd> {
@@ -730,15 +756,19 @@ mod tests {
     async fn a_new_crl_ends_live_sessions_it_revokes_and_a_deleted_or_bad_one_keeps_refusing() {
         let (dir, creds, metrics) = setup();
         let (alice, bob) = (client(dir.path(), "alice"), client(dir.path(), "bob"));
-        handshake(&creds, &alice).await.unwrap();
-        handshake(&creds, &bob).await.unwrap();
+        handshake(&creds, &metrics, &alice).await.unwrap();
+        handshake(&creds, &metrics, &bob).await.unwrap();
         let mut alice_live = creds.register(&cert_of(dir.path(), "alice"));
         let mut bob_live = creds.register(&cert_of(dir.path(), "bob"));
         assert_eq!(creds.live.len(), 2);
-        assert_eq!(settle(&creds, &metrics), 0, "nothing changed yet");
+        assert_eq!(settle(&creds, &metrics).await, 0, "nothing changed yet");
 
         certs::revoke(dir.path(), dir.path(), "bob").unwrap();
-        assert_eq!(settle(&creds, &metrics), 1, "bob's one live session ended");
+        assert_eq!(
+            settle(&creds, &metrics).await,
+            1,
+            "bob's one live session ended"
+        );
         assert_eq!(ends_soon(&mut bob_live).await, Some(CertEnd::Revoked));
         assert_eq!(
             ends_soon(&mut alice_live).await,
@@ -747,7 +777,7 @@ mod tests {
         );
         assert_eq!(metrics.cert_reload_counts("crl"), (1, 0));
         // Bob's resumption was forgotten with the cache: he is refused at TLS.
-        let refused = handshake(&creds, &bob).await.unwrap_err();
+        let refused = handshake(&creds, &metrics, &bob).await.unwrap_err();
         assert!(
             refused.contains("Revoked") || refused.contains("revoked") || refused.contains("alert"),
             "{refused}"
@@ -758,20 +788,26 @@ mod tests {
 
         // Deleted: the revocations stay in force (fail closed), counted.
         std::fs::remove_file(certs::crl_path(dir.path())).unwrap();
-        assert_eq!(settle(&creds, &metrics), 0);
+        assert_eq!(settle(&creds, &metrics).await, 0);
         assert_eq!(metrics.cert_reload_counts("crl"), (1, 1));
-        assert!(handshake(&creds, &bob).await.is_err(), "bob stays refused");
+        assert!(
+            handshake(&creds, &metrics, &bob).await.is_err(),
+            "bob stays refused"
+        );
         // Unparseable: the same.
         std::fs::write(
             certs::crl_path(dir.path()),
             "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
         )
         .unwrap();
-        assert_eq!(settle(&creds, &metrics), 0);
+        assert_eq!(settle(&creds, &metrics).await, 0);
         assert_eq!(metrics.cert_reload_counts("crl"), (1, 2));
-        assert!(handshake(&creds, &bob).await.is_err(), "bob stays refused");
         assert!(
-            handshake(&creds, &alice).await.is_ok(),
+            handshake(&creds, &metrics, &bob).await.is_err(),
+            "bob stays refused"
+        );
+        assert!(
+            handshake(&creds, &metrics, &alice).await.is_ok(),
             "alice is still served"
         );
         drop(alice_live);
@@ -782,16 +818,16 @@ mod tests {
     async fn a_new_server_certificate_is_presented_and_resumption_survives_it() {
         let (dir, creds, metrics) = setup();
         let alice = client(dir.path(), "alice");
-        let (resumed, first_cert) = handshake(&creds, &alice).await.unwrap();
+        let (resumed, first_cert) = handshake(&creds, &metrics, &alice).await.unwrap();
         assert!(!resumed && first_cert.is_some());
         assert!(
-            handshake(&creds, &alice).await.unwrap().0,
+            handshake(&creds, &metrics, &alice).await.unwrap().0,
             "resumed before the reload"
         );
 
         let mut live = creds.register(&cert_of(dir.path(), "alice"));
         certs::reissue_server(dir.path(), dir.path(), &["localhost".to_owned()]).unwrap();
-        assert_eq!(settle(&creds, &metrics), 0);
+        assert_eq!(settle(&creds, &metrics).await, 0);
         assert_eq!(metrics.cert_reload_counts("cert"), (1, 0));
         assert_eq!(metrics.cert_reload_counts("key"), (1, 0));
         assert_eq!(
@@ -800,7 +836,7 @@ mod tests {
             "live sessions are untouched"
         );
         // A client without a session to resume sees the new certificate.
-        let (_, seen) = handshake(&creds, &client(dir.path(), "alice"))
+        let (_, seen) = handshake(&creds, &metrics, &client(dir.path(), "alice"))
             .await
             .unwrap();
         let on_disk = tls::load_certs(&certs::server_paths(dir.path()).cert).unwrap();
@@ -808,31 +844,31 @@ mod tests {
         assert_ne!(seen, first_cert);
         // A reload that revokes nothing keeps resumption.
         assert!(
-            handshake(&creds, &alice).await.unwrap().0,
+            handshake(&creds, &metrics, &alice).await.unwrap().0,
             "resumed after the reload"
         );
 
         // A key that does not parse: the last good pair stays (fail closed), counted.
         std::fs::write(certs::server_paths(dir.path()).key, "not a key").unwrap();
-        assert_eq!(settle(&creds, &metrics), 0);
+        assert_eq!(settle(&creds, &metrics).await, 0);
         assert_eq!(metrics.cert_reload_counts("key"), (1, 1));
-        let (_, still) = handshake(&creds, &client(dir.path(), "alice"))
+        let (_, still) = handshake(&creds, &metrics, &client(dir.path(), "alice"))
             .await
             .unwrap();
         assert_eq!(still.as_deref(), Some(on_disk[0].as_ref()));
 
         // A revocation (of someone else) forgets every resumable session: checked afresh.
         certs::revoke(dir.path(), dir.path(), "bob").unwrap();
-        settle(&creds, &metrics);
+        settle(&creds, &metrics).await;
         assert!(
-            !handshake(&creds, &alice).await.unwrap().0,
+            !handshake(&creds, &metrics, &alice).await.unwrap().0,
             "full handshake after a revocation"
         );
         // A CA bundle that vanishes is kept too.
         std::fs::remove_file(certs::ca_paths(dir.path()).cert).unwrap();
-        settle(&creds, &metrics);
+        settle(&creds, &metrics).await;
         assert_eq!(metrics.cert_reload_counts("ca"), (0, 1));
-        assert!(handshake(&creds, &alice).await.is_ok());
+        assert!(handshake(&creds, &metrics, &alice).await.is_ok());
     }
 
     #[tokio::test]
