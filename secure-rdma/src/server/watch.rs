@@ -45,7 +45,7 @@ use crate::tls::{self, TlsError};
 /// How often the files are looked at (and at every accepted connection). A new CRL is acted on
 /// at the first look that sees it: a revocation ends its sessions within one poll plus the work,
 /// far inside the promised second.
-pub const POLL: Duration = Duration::from_millis(100);
+pub const POLL: Duration = Duration::from_millis(50);
 
 /// How long the server's certificate and key must hold still before they are read as a pair.
 const PAIR_HOLD: Duration = Duration::from_millis(50);
