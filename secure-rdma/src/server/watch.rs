@@ -170,6 +170,8 @@ enum Look {
 /// The material in force: the last good version of each file.
 struct Material {
     roots: Arc<RootCertStore>,
+    /// The CA bundle's certificates, which must have signed a CRL.
+    ca_certs: Vec<CertificateDer<'static>>,
     crls: Vec<CertificateRevocationListDer<'static>>,
     /// The certificates the CRL lists.
     revoked: HashSet<CertId>,
@@ -218,15 +220,30 @@ fn pem_err(path: &Path, source: rustls::pki_types::pem::Error) -> TlsError {
     }
 }
 
-fn load_roots(ca: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+/// The trust anchors of a CA bundle, and its certificates (to check a CRL's signature).
+fn load_roots(ca: &Path) -> Result<(Arc<RootCertStore>, Vec<CertificateDer<'static>>), TlsError> {
+    let certs = tls::load_certs(ca)?;
     let mut roots = RootCertStore::empty();
-    for cert in tls::load_certs(ca)? {
-        roots.add(cert).map_err(|source| TlsError::BadCa {
+    for cert in &certs {
+        roots.add(cert.clone()).map_err(|source| TlsError::BadCa {
             path: ca.display().to_string(),
             source,
         })?;
     }
-    Ok(Arc::new(roots))
+    Ok((Arc::new(roots), certs))
+}
+
+/// Why a changed CRL is not taken.
+#[derive(Debug, thiserror::Error)]
+enum CrlError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("{path}: not a CRL ({detail})")]
+    NotCrl { path: String, detail: String },
+    #[error(
+        "{path}: not signed by a CA of the bundle; sign it with the CA whose clients it revokes"
+    )]
+    Unsigned { path: String },
 }
 
 fn load_key(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
@@ -237,28 +254,43 @@ fn load_key(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
     Ok(Arc::new(CertifiedKey::from_der(chain, key, &provider())?))
 }
 
-/// The CRLs of a PEM file and the certificates they list.
+/// The CRLs of a PEM file and the certificates they list. Each must be signed by a CA of
+/// `cas`: only then may it end live sessions (and a CRL webpki could not verify would refuse
+/// every client of its issuer).
 fn load_crls(
     path: &Path,
-) -> Result<(Vec<CertificateRevocationListDer<'static>>, HashSet<CertId>), TlsError> {
+    cas: &[CertificateDer<'static>],
+) -> Result<(Vec<CertificateRevocationListDer<'static>>, HashSet<CertId>), CrlError> {
     let crls = CertificateRevocationListDer::pem_file_iter(path)
         .map_err(|e| pem_err(path, e))?
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| pem_err(path, e))?;
     if crls.is_empty() {
-        return Err(pem_err(path, rustls::pki_types::pem::Error::NoItemsFound));
+        return Err(pem_err(path, rustls::pki_types::pem::Error::NoItemsFound).into());
     }
+    let cas: Vec<_> = cas
+        .iter()
+        .filter_map(|c| x509_parser::parse_x509_certificate(c.as_ref()).ok())
+        .map(|(_, ca)| ca)
+        .collect();
     let mut revoked = HashSet::new();
     for crl in &crls {
-        let (_, parsed) = x509_parser::parse_x509_crl(crl.as_ref()).map_err(|e| {
-            TlsError::Config(rustls::Error::General(format!(
-                "{}: not a CRL: {e}",
-                path.display()
-            )))
-        })?;
-        let issuer = parsed.issuer().as_raw().to_vec();
+        let (_, parsed) =
+            x509_parser::parse_x509_crl(crl.as_ref()).map_err(|e| CrlError::NotCrl {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            })?;
+        let issuer = parsed.issuer().as_raw();
+        let signed = cas.iter().any(|ca| {
+            ca.subject().as_raw() == issuer && parsed.verify_signature(ca.public_key()).is_ok()
+        });
+        if !signed {
+            return Err(CrlError::Unsigned {
+                path: path.display().to_string(),
+            });
+        }
         for r in parsed.iter_revoked_certificates() {
-            revoked.insert((issuer.clone(), serial_key(r.raw_serial())));
+            revoked.insert((issuer.to_vec(), serial_key(r.raw_serial())));
         }
     }
     Ok((crls, revoked))
@@ -305,10 +337,13 @@ impl Credentials {
             .iter()
             .map(|f| (*f, Watched::at(paths.of(*f).and_then(stamp))))
             .collect();
-        let roots = load_roots(&paths.ca)?;
+        let (roots, ca_certs) = load_roots(&paths.ca)?;
         let key = load_key(&paths.cert, &paths.key)?;
         let (crls, revoked) = match &paths.crl {
-            Some(crl) if crl.exists() => load_crls(crl)?,
+            Some(crl) if crl.exists() => load_crls(crl, &ca_certs).map_err(|e| match e {
+                CrlError::Tls(e) => e,
+                other => TlsError::Config(rustls::Error::General(other.to_string())),
+            })?,
             _ => (Vec::new(), HashSet::new()),
         };
         let cache = new_cache();
@@ -317,6 +352,7 @@ impl Credentials {
             paths,
             material: Mutex::new(Material {
                 roots,
+                ca_certs,
                 crls,
                 revoked,
                 key,
@@ -393,6 +429,7 @@ impl Credentials {
             );
         };
         let mut roots = Arc::clone(&m.roots);
+        let mut ca_certs = m.ca_certs.clone();
         let mut crls = m.crls.clone();
         let mut revoked = m.revoked.clone();
         let mut key = Arc::clone(&m.key);
@@ -400,8 +437,9 @@ impl Credentials {
         let mut reloaded = Vec::new();
         if changed.contains(&CertFile::Ca) {
             match load_roots(&self.paths.ca) {
-                Ok(r) => {
+                Ok((r, certs)) => {
                     roots = r;
+                    ca_certs = certs;
                     // A CA removed from the bundle must not keep its clients through resumption.
                     fresh_cache = true;
                     reloaded.push(CertFile::Ca);
@@ -448,11 +486,11 @@ impl Credentials {
                         )
                     }
                 }
-                Some(path) => match load_crls(path) {
+                Some(path) => match load_crls(path, &ca_certs) {
                     Ok((c, r)) => {
                         newly_revoked = r.difference(&m.revoked).next().is_some();
-                        // A CRL that no longer lists a certificate un-revokes it: the operator
-                        // wrote it, and the CA signed it (checked when the verifier is built).
+                        // A CRL that no longer lists a certificate un-revokes it: the CA signed
+                        // it (checked above), so its word stands.
                         crls = c;
                         revoked = r;
                         reloaded.push(CertFile::Crl);
@@ -477,6 +515,7 @@ impl Credentials {
             Ok(acceptor) => {
                 m.acceptor = acceptor;
                 m.roots = roots;
+                m.ca_certs = ca_certs;
                 m.crls = crls;
                 m.key = key;
                 m.cache = cache;
@@ -869,6 +908,30 @@ mod tests {
         settle(&creds, &metrics).await;
         assert_eq!(metrics.cert_reload_counts("ca"), (0, 1));
         assert!(handshake(&creds, &metrics, &alice).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_crl_not_signed_by_the_ca_ends_nothing_and_is_counted() {
+        let (dir, creds, metrics) = setup();
+        let bob = client(dir.path(), "bob");
+        let mut live = creds.register(&cert_of(dir.path(), "bob"));
+        // Another CA (with the same name) signs a CRL listing bob's serial.
+        let other = tempfile::tempdir().unwrap();
+        certs::init(other.path(), &["localhost".to_owned()]).unwrap();
+        certs::revoke(other.path(), dir.path(), "bob").unwrap();
+        assert_eq!(settle(&creds, &metrics).await, 0);
+        assert_eq!(metrics.cert_reload_counts("crl"), (0, 1));
+        assert_eq!(
+            ends_soon(&mut live).await,
+            None,
+            "a forged CRL ends nothing"
+        );
+        assert!(handshake(&creds, &metrics, &bob).await.is_ok());
+        // The real CA's CRL replaces it and applies.
+        std::fs::remove_file(certs::crl_path(dir.path())).unwrap();
+        certs::revoke(dir.path(), dir.path(), "bob").unwrap();
+        assert_eq!(settle(&creds, &metrics).await, 1);
+        assert_eq!(ends_soon(&mut live).await, Some(CertEnd::Revoked));
     }
 
     #[tokio::test]
