@@ -120,6 +120,19 @@ fn a_revoked_client_is_ended_within_a_second_and_stays_refused_when_the_crl_is_d
     }
     let told = told.unwrap_or_default();
     println!("after the revocation: server reloaded the CRL {reloaded:?}, ended the session {ending:?}, client told {told:?}");
+    // The server's own account, with its timestamps, for where the time went.
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(revoked_at.elapsed());
+    println!("revoke command done at {wall:?} after the epoch; the server said:");
+    for l in server.log.snapshot().iter().filter(|l| {
+        l.contains("TLS material reloaded")
+            || l.contains("ending the session")
+            || l.contains("revokes live")
+    }) {
+        println!("  {l}");
+    }
     let (status, _) = exit_of(&mut alice, STEP);
     let exited = revoked_at.elapsed();
     println!(
