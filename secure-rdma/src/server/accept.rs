@@ -64,11 +64,7 @@ impl Server {
         let shared = Arc::new(self.shared);
         // The TLS files are watched apart from accepts: a revocation ends live sessions even
         // when no connection arrives.
-        let watcher = tokio::spawn({
-            let shared = Arc::clone(&shared);
-            let stop = stop_rx.clone();
-            async move { super::watch::watch(&shared.tls, &shared.metrics, stop).await }
-        });
+        let watcher = tokio::spawn(super::watch::watch(Arc::clone(&shared), stop_rx.clone()));
         let mut tasks = JoinSet::new();
         let mut summary = Summary {
             served: 0,

@@ -701,18 +701,17 @@ impl Drop for LiveSession<'_> {
     }
 }
 
-/// Runs until `stop` says so: polls the files every [`POLL`] (see the module docs).
-pub(super) async fn watch(
-    creds: &Credentials,
-    metrics: &ServerMetrics,
-    mut stop: tokio_watch::Receiver<bool>,
-) {
+/// Runs until `stop` says so: polls the files every [`POLL`] (see the module docs). Each look
+/// runs on tokio's blocking pool: a reload parses, verifies and builds for a while (a second
+/// under a starved emulator), and the sessions it ends must not wait behind it for a worker.
+pub(super) async fn watch(shared: Arc<super::Shared>, mut stop: tokio_watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                creds.poll(metrics);
+                let shared = Arc::clone(&shared);
+                let _ = tokio::task::spawn_blocking(move || shared.tls.poll(&shared.metrics)).await;
             }
             _ = stop.changed() => return,
         }
