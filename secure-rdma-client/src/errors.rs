@@ -12,6 +12,9 @@ use secure_rdma::verbs::VerbsError;
 /// Process exit code for `e` (documented in `secure-client --help`).
 pub fn exit_code(e: &ClientError) -> i32 {
     match e {
+        // The server ended the session over this client's certificate (revoked or expired):
+        // a certificate problem, as a TLS refusal is.
+        e if e.certificate_ended().is_some() => 4,
         ClientError::Rejected(_) => 3,
         ClientError::Tls(_)
         | ClientError::TlsIo(_)
@@ -117,6 +120,29 @@ mod tests {
             Shown(&big).to_string(),
             "the server asks for 32-byte buffers; this client allocates at most 16 (--max-buffer-size)"
         );
+    }
+
+    #[test]
+    fn a_certificate_abort_exits_4_and_is_not_retried() {
+        use secure_rdma::datapath::AbortReason;
+        use secure_rdma::handshake::HandshakeError;
+        for reason in [
+            AbortReason::CertificateRevoked,
+            AbortReason::CertificateExpired { not_after: 0 },
+        ] {
+            let e = ClientError::Session(SessionError::Handshake(HandshakeError::Aborted(
+                reason.clone(),
+            )));
+            assert_eq!(exit_code(&e), 4, "{e}");
+            assert!(!e.is_session_lost(), "{e}");
+            assert!(Shown(&e).to_string().contains("certificate"), "{e}");
+        }
+        // Other aborts are still a lost session, retried, exit 8 when they are final.
+        let lifetime = ClientError::Session(SessionError::Handshake(HandshakeError::Aborted(
+            AbortReason::Lifetime { seconds: 1 },
+        )));
+        assert!(lifetime.is_session_lost());
+        assert_eq!(exit_code(&lifetime), 8);
     }
 
     #[test]

@@ -55,7 +55,8 @@ use prompt::{InputError, Prompt};
 ///
 /// Exit codes: 0 ok, 1 bad command or other error, 2 usage, 3 rejected by the
 /// server (e.g. server full; or the server has no RDMA device, with the fix it
-/// names), 4 TLS refused (certificate or server name),
+/// names), 4 TLS refused (certificate or server name; also a session the server
+/// ended because this client's certificate was revoked or expired: not retried),
 /// 5 server unreachable, 6 no usable RDMA device or GID, 7 RDMA connection
 /// not confirmed (PSN/GID mismatch), 8 protocol or RDMA error (or the session
 /// was lost and could not be re-established), 9 the server's offer is below
@@ -278,6 +279,11 @@ async fn run(cli: Cli) -> i32 {
             Next::Closed(closed) => {
                 let why = match closed {
                     Ok(None) => "the server closed the session".to_owned(),
+                    // Revoked or expired: the same certificate would only be refused again.
+                    Ok(Some(reason)) if !reason.retry_may_help() => {
+                        eprintln!("secure-client: the server ended the session: {reason}");
+                        return 4;
+                    }
                     Ok(Some(reason)) => reason.to_string(),
                     Err(e) => Shown(&e).to_string(),
                 };

@@ -298,7 +298,8 @@ enum CertsCommand {
         ca_dir: Option<PathBuf>,
     },
     /// Revoke client NAME's certificate: it is added to DIR/crl.pem, which a running server
-    /// reads again at its next handshake, so NAME is refused from then on
+    /// reloads within a second: NAME's live sessions end (the client is told "certificate
+    /// revoked" and exits 4) and NAME is refused at TLS from then on
     Revoke {
         /// The identity to revoke
         name: String,
@@ -373,7 +374,7 @@ fn certs_command(cmd: CertsCommand) -> Result<()> {
             let ca_dir = ca_dir_of(&dir, ca_dir);
             let done = certs::revoke(&ca_dir, &dir, &name).map_err(hints::cert_error)?;
             println!(
-                "revoked {name}: {} now lists {} certificate(s); a running server refuses {name} from its next handshake",
+                "revoked {name}: {} now lists {} certificate(s); a running server ends {name}'s sessions within a second and refuses {name} from then on",
                 done.crl.display(),
                 done.count
             );

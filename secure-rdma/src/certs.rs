@@ -353,8 +353,9 @@ fn parse_err(path: &Path, what: &'static str) -> CertError {
 }
 
 /// Revokes client `name`: adds its certificate's serial to `dir/crl.pem`, signed by the CA in
-/// `ca_dir` (a new CRL that keeps every earlier revocation). The server checks the CRL at every
-/// handshake, so the client is refused from its next connection on, without a restart.
+/// `ca_dir` (a new CRL that keeps every earlier revocation). A running server reloads the CRL
+/// when it changes, without a restart: the client's live sessions end within a second, and its
+/// next connection is refused at TLS.
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
@@ -428,6 +429,66 @@ pub fn revoke(ca_dir: &Path, dir: &Path, name: &str) -> Result<Revoked, CertErro
     write_new(&tmp, &signed.pem()?, 0o644)?;
     fs::rename(&tmp, &crl).map_err(io(&crl))?;
     Ok(Revoked { crl, count })
+}
+
+/// Issues a client certificate for `name` signed by the CA in `ca_dir`, written to `dir`, that
+/// expires `valid_for` from now (short-lived certificates, as SPIRE or Vault issue them; a
+/// server ends a session when its certificate's notAfter passes). Valid from a minute ago, so
+/// a clock a little behind still accepts it. notAfter has a resolution of one second.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// secure_rdma::certs::init(dir.path(), &["localhost".into()]).unwrap();
+/// let p = secure_rdma::certs::issue_client_valid_for(
+///     dir.path(), dir.path(), "eve", std::time::Duration::from_secs(30)).unwrap();
+/// assert!(p.cert.exists());
+/// ```
+pub fn issue_client_valid_for(
+    ca_dir: &Path,
+    dir: &Path,
+    name: &str,
+    valid_for: std::time::Duration,
+) -> Result<Pair, CertError> {
+    validate_name(name)?;
+    let (ca_cert_pem, ca_key) = load_ca(ca_dir)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_cert_pem, &ca_key)?;
+    let key = KeyPair::generate()?;
+    let mut params = leaf_params(name, vec![san(name)?], ExtendedKeyUsagePurpose::ClientAuth);
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::minutes(1);
+    params.not_after = now + Duration::try_from(valid_for).unwrap_or(Duration::MAX);
+    let cert = params.signed_by(&key, &issuer)?;
+    let pair = client_paths(dir, name);
+    write_pair(&pair, &cert.pem(), &key)?;
+    Ok(pair)
+}
+
+/// Replaces the server's certificate and key in `dir` with new ones for `sans`, signed by the
+/// CA in `ca_dir` (a renewal: nothing else changes). Each file is replaced atomically (a new
+/// file renamed over the old), the key first; a running server reloads the pair once both
+/// are in place.
+pub fn reissue_server(ca_dir: &Path, dir: &Path, sans: &[String]) -> Result<Pair, CertError> {
+    let (ca_cert_pem, ca_key) = load_ca(ca_dir)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_cert_pem, &ca_key)?;
+    let san_types = sans.iter().map(|s| san(s)).collect::<Result<Vec<_>, _>>()?;
+    let key = KeyPair::generate()?;
+    let cert = leaf_params(
+        "secure-rdma server",
+        san_types,
+        ExtendedKeyUsagePurpose::ServerAuth,
+    )
+    .signed_by(&key, &issuer)?;
+    let pair = server_paths(dir);
+    for (path, contents, mode) in [
+        (&pair.key, key.serialize_pem(), 0o600),
+        (&pair.cert, cert.pem(), 0o644),
+    ] {
+        let tmp = path.with_extension("new.tmp");
+        let _ = fs::remove_file(&tmp);
+        write_new(&tmp, &contents, mode)?;
+        fs::rename(&tmp, path).map_err(io(path))?;
+    }
+    Ok(pair)
 }
 
 /// Default SANs of a server certificate: `localhost`, the loopback

@@ -155,6 +155,28 @@ pub enum AbortReason {
         /// The server's error.
         detail: String,
     },
+    /// The client's certificate was revoked (the server's CRL lists it): the session was
+    /// ended, and a new connection with the same certificate is refused. Retrying cannot help;
+    /// the client needs a new certificate.
+    CertificateRevoked,
+    /// The client's certificate expired during the session (its notAfter passed). Retrying
+    /// with the same certificate cannot help; the client needs a renewed one.
+    CertificateExpired {
+        /// The certificate's notAfter, in seconds since the Unix epoch.
+        not_after: i64,
+    },
+}
+
+impl AbortReason {
+    /// True when a new session may well succeed (an authentication failure, a lifetime, a
+    /// server-side setup failure); false when the client's certificate no longer admits it,
+    /// so a retry would only be refused.
+    pub fn retry_may_help(&self) -> bool {
+        !matches!(
+            self,
+            AbortReason::CertificateRevoked | AbortReason::CertificateExpired { .. }
+        )
+    }
 }
 
 impl std::fmt::Display for AbortReason {
@@ -173,6 +195,22 @@ impl std::fmt::Display for AbortReason {
                 "the server could not set up RDMA for this session ({detail}); \
                  the fix is on the server's side: tell its operator"
             ),
+            AbortReason::CertificateRevoked => f.write_str(
+                "certificate revoked: the server's CRL lists this client's certificate, so the \
+                 session was ended and new connections with it are refused; ask the CA's \
+                 operator for a new certificate",
+            ),
+            AbortReason::CertificateExpired { not_after } => {
+                let when = time::OffsetDateTime::from_unix_timestamp(*not_after).map_or_else(
+                    |_| format!("{not_after} s after the epoch"),
+                    |t| t.to_string(),
+                );
+                write!(
+                    f,
+                    "certificate expired: this client's certificate was valid until {when}, so \
+                     the session was ended; renew the certificate"
+                )
+            }
         }
     }
 }

@@ -26,6 +26,9 @@
 //! | `secure_rdma_auth_failures_by_check_total` | counter | `check` ([`AUTH_CHECKS`]: which check of the receiver refused it; `tag` is the AEAD tag) |
 //! | `secure_rdma_pre_auth_failures_total` | counter | `reason` ([`PreAuthFailure`]) |
 //! | `secure_rdma_pre_auth_log_suppressed_total` | counter | |
+//! | `secure_rdma_cert_reloads_total` | counter | `file` (`ca`, `cert`, `key`, `crl`) |
+//! | `secure_rdma_cert_reload_failures_total` | counter | `file` (a file gone or unreadable: the last good one stays in force) |
+//! | `secure_rdma_sessions_ended_by_certificate_total` | counter | `reason` (`certificate_revoked`, `certificate_expired`) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -291,7 +294,20 @@ pub struct ServerMetrics {
     auth_failure_checks: Family<CheckLabels, Counter>,
     pre_auth_failures: Family<ReasonLabels, Counter>,
     pre_auth_log_suppressed: Counter,
+    cert_reloads: Family<FileLabels, Counter>,
+    cert_reload_failures: Family<FileLabels, Counter>,
+    sessions_ended_by_cert: Family<ReasonLabels, Counter>,
 }
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FileLabels {
+    file: &'static str,
+}
+
+/// Every `file` label of the certificate reload counters.
+const CERT_FILES: [&str; 4] = ["ca", "cert", "key", "crl"];
+/// Every `reason` label of `secure_rdma_sessions_ended_by_certificate_total`.
+const CERT_ENDS: [&str; 2] = ["certificate_revoked", "certificate_expired"];
 
 impl Default for ServerMetrics {
     fn default() -> Self {
@@ -312,6 +328,9 @@ impl Default for ServerMetrics {
             auth_failure_checks: Family::default(),
             pre_auth_failures: Family::default(),
             pre_auth_log_suppressed: Counter::default(),
+            cert_reloads: Family::default(),
+            cert_reload_failures: Family::default(),
+            sessions_ended_by_cert: Family::default(),
         };
         for check in AUTH_CHECKS {
             drop(
@@ -324,6 +343,21 @@ impl Default for ServerMetrics {
             drop(metrics.pre_auth_failures.get_or_create(&ReasonLabels {
                 reason: reason.label(),
             }));
+        }
+        for file in CERT_FILES {
+            drop(metrics.cert_reloads.get_or_create(&FileLabels { file }));
+            drop(
+                metrics
+                    .cert_reload_failures
+                    .get_or_create(&FileLabels { file }),
+            );
+        }
+        for reason in CERT_ENDS {
+            drop(
+                metrics
+                    .sessions_ended_by_cert
+                    .get_or_create(&ReasonLabels { reason }),
+            );
         }
         for outcome in ["resumed", "expired"] {
             drop(
@@ -424,6 +458,21 @@ impl ServerMetrics {
             self.streams_expired.clone(),
         );
         registry.register(
+            "secure_rdma_cert_reloads",
+            "TLS files (CA bundle, server certificate, key, CRL) reloaded while running, per file",
+            self.cert_reloads.clone(),
+        );
+        registry.register(
+            "secure_rdma_cert_reload_failures",
+            "TLS files that changed but were gone or unreadable; the last good one stayed in force",
+            self.cert_reload_failures.clone(),
+        );
+        registry.register(
+            "secure_rdma_sessions_ended_by_certificate",
+            "Live sessions ended because their client certificate was revoked or expired",
+            self.sessions_ended_by_cert.clone(),
+        );
+        registry.register(
             "secure_rdma_pre_auth_failures",
             "Connections that ended before TLS authenticated the peer, by reason (each counted; the log shows a bounded number)",
             self.pre_auth_failures.clone(),
@@ -498,6 +547,43 @@ impl ServerMetrics {
             })
             .get();
         (failures, self.pre_auth_log_suppressed.get())
+    }
+
+    /// Counts one reload of the TLS file labelled `file` (`ca`, `cert`, `key`, `crl`).
+    pub fn cert_reloaded(&self, file: &'static str) {
+        self.cert_reloads.get_or_create(&FileLabels { file }).inc();
+    }
+
+    /// Counts one change of the TLS file labelled `file` that could not be loaded.
+    pub fn cert_reload_failed(&self, file: &'static str) {
+        self.cert_reload_failures
+            .get_or_create(&FileLabels { file })
+            .inc();
+    }
+
+    /// Reloads and failed reloads of the TLS file labelled `file` so far.
+    pub fn cert_reload_counts(&self, file: &'static str) -> (u64, u64) {
+        (
+            self.cert_reloads.get_or_create(&FileLabels { file }).get(),
+            self.cert_reload_failures
+                .get_or_create(&FileLabels { file })
+                .get(),
+        )
+    }
+
+    /// Counts one live session ended by its certificate (`certificate_revoked` or
+    /// `certificate_expired`).
+    pub fn session_ended_by_cert(&self, reason: &'static str) {
+        self.sessions_ended_by_cert
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Sessions ended by their certificate so far, for `reason`.
+    pub fn sessions_ended_by_cert(&self, reason: &'static str) -> u64 {
+        self.sessions_ended_by_cert
+            .get_or_create(&ReasonLabels { reason })
+            .get()
     }
 
     /// Counts a resume of a stream the server knew, whose answers spared the

@@ -12,7 +12,7 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::datapath::StreamId;
+use crate::datapath::{AbortReason, StreamId};
 use crate::handshake::{
     Channel, HandshakeError, Kind, Message, RejectReason, Resume, StreamHello, Verdict,
     CAPABILITIES, RDMA_ACKS, VERSION,
@@ -283,7 +283,9 @@ impl ClientError {
     /// True when the session was lost but a new one may well work: the
     /// server ended it (an authentication failure, a restart, shutdown), the
     /// connection broke, or the server is not reachable (yet). False for
-    /// what a retry cannot fix: certificates, rejections, configuration.
+    /// what a retry cannot fix: certificates (also a session the server ended
+    /// because this client's certificate was revoked or expired, see
+    /// [`ClientError::certificate_ended`]), rejections, configuration.
     pub fn is_session_lost(&self) -> bool {
         match self {
             ClientError::Unreachable { .. }
@@ -291,22 +293,38 @@ impl ClientError {
             | ClientError::Forged { .. } => true,
             ClientError::Session(SessionError::Handshake(h))
             | ClientError::Confirm(SessionError::Handshake(h)) => {
-                matches!(
-                    h,
-                    HandshakeError::Aborted(_)
-                        | HandshakeError::Closed
-                        | HandshakeError::Io(_)
-                        | HandshakeError::Unexpected {
-                            got: Kind::Bye | Kind::Abort,
-                            ..
-                        }
-                )
+                // A revoked or expired certificate is refused again: not worth a retry.
+                matches!(h, HandshakeError::Aborted(reason) if reason.retry_may_help())
+                    || matches!(
+                        h,
+                        HandshakeError::Closed
+                            | HandshakeError::Io(_)
+                            | HandshakeError::Unexpected {
+                                got: Kind::Bye | Kind::Abort,
+                                ..
+                            }
+                    )
             }
             ClientError::Session(
                 SessionError::Verbs(_) | SessionError::Timeout(..) | SessionError::Auth(_),
             ) => true,
             ClientError::Rejected(RejectReason::ShuttingDown) => true,
             _ => false,
+        }
+    }
+
+    /// The abort that ended the session because this client's certificate no longer admits it
+    /// (revoked, or expired during the session): a new connection with the same certificate
+    /// is refused, so nothing retries it. `None` for any other error.
+    pub fn certificate_ended(&self) -> Option<&AbortReason> {
+        match self {
+            ClientError::Session(SessionError::Handshake(HandshakeError::Aborted(reason)))
+            | ClientError::Confirm(SessionError::Handshake(HandshakeError::Aborted(reason)))
+                if !reason.retry_may_help() =>
+            {
+                Some(reason)
+            }
+            _ => None,
         }
     }
 

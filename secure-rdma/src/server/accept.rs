@@ -70,6 +70,9 @@ impl Server {
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Summary {
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(self.shared);
+        // The TLS files are watched apart from accepts: a revocation ends live sessions even
+        // when no connection arrives.
+        let watcher = tokio::spawn(super::watch::watch(Arc::clone(&shared), stop_rx.clone()));
         let mut tasks = JoinSet::new();
         let mut summary = Summary {
             served: 0,
@@ -130,6 +133,7 @@ impl Server {
         }
         tracing::info!(clients = tasks.len(), "shutting down: closing clients");
         let _ = stop_tx.send(true);
+        let _ = watcher.await;
         while let Some(done) = tasks.join_next().await {
             tally(&mut summary, done);
         }
@@ -176,7 +180,7 @@ async fn serve(
         }
     };
     let _ = conn.set_nodelay(true);
-    let acceptor = shared.tls.current(cfg);
+    let acceptor = shared.tls.current(&shared.metrics);
     let tls = match tokio::time::timeout(cfg.handshake_timeout, acceptor.accept(conn)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {

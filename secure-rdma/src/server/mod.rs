@@ -15,9 +15,11 @@
 //! - `config`: what the server is told ([`ServerConfig`], [`Limits`],
 //!   [`ProtectionPolicy`]);
 //! - `accept`: the accept loop ([`Server::run`], [`Summary`]) and each
-//!   connection's TLS handshake, with the CRL reloaded by `crl`;
+//!   connection's TLS handshake;
 //! - `preauth`: source prefixes, and the bound on what failures before TLS
 //!   write to the log;
+//! - `watch`: the TLS files reloaded as they change, and live sessions ended
+//!   when their client certificate is revoked or expires;
 //! - `admission`: pending limits (in all, per address, per prefix), per-identity sessions, slots, quotas, and
 //!   the refusals;
 //! - `devices`: the RDMA device and GID for a connection;
@@ -43,7 +45,6 @@ use crate::verbs::Device;
 mod accept;
 mod admission;
 mod config;
-mod crl;
 mod devices;
 mod error;
 pub mod handler;
@@ -51,6 +52,7 @@ mod preauth;
 mod render;
 mod session_loop;
 mod streams;
+mod watch;
 
 pub use accept::Summary;
 pub use admission::RDMA_WINDOW;
@@ -60,6 +62,7 @@ pub use handler::{handler_fn, Delivery, Handler, HandlerError, HandlerFn, Peer};
 pub use preauth::{PrefixLengths, SourcePrefix};
 pub use render::{preview, render};
 pub use streams::{ACK_MEMORY, MAX_STREAMS, MAX_STREAMS_PER_IDENTITY};
+pub use watch::{CertFile, POLL as CERT_POLL};
 
 use admission::KeyCounts;
 use devices::Devices;
@@ -74,7 +77,8 @@ struct Shared {
     config: ServerConfig,
     /// Sessions, handshakes, refusals, traffic and authentication failures.
     metrics: ServerMetrics,
-    tls: crl::Acceptor,
+    /// The TLS material, reloaded by a background task, and the live sessions it may end.
+    tls: watch::Credentials,
     devices: Devices,
     slots: Arc<Semaphore>,
     /// Connections not yet admitted, in all and per source address.
@@ -130,7 +134,7 @@ impl Server {
                 size: config.buffer_size,
             }));
         }
-        let tls = crl::Acceptor::new(&config)?;
+        let tls = watch::Credentials::new(&config)?;
         // Checked once at start: a host without RDMA still serves (each client is told why it
         // cannot be served, with the fix), and the operator reads the fix now, not in the first
         // client's failure. A device named in the configuration is opened now, so without RDMA

@@ -18,6 +18,7 @@ use super::accept::Outcome;
 use super::admission::Admitted;
 use super::handler::{Delivery, Peer};
 use super::render::{preview, render};
+use super::watch::CertEnd;
 use super::{ServerChannel, Shared};
 use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
 use crate::handshake::{HandshakeError, Message};
@@ -52,6 +53,29 @@ pub(super) async fn serve_session(
     // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
     // stopped reading.
     let courtesy = cfg.limits.write_timeout.min(Duration::from_secs(2));
+    // The session ends when its client's certificate is revoked or expires: registered before
+    // any RDMA resource exists, so a certificate revoked since its (possibly resumed) TLS
+    // handshake, or expired, is refused here.
+    let Some(cert) = chan
+        .get_ref()
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .cloned()
+    else {
+        tracing::warn!("no client certificate on an admitted connection; refused");
+        metrics.handshake(HandshakeOutcome::TlsFailed);
+        return Outcome::Failed;
+    };
+    let mut live = shared.tls.register(&cert);
+    if let Some(end) = live.already_ended() {
+        let (reason, _) = cert_end(end, metrics);
+        tracing::warn!(client = %identity, %reason, "refused: the client's certificate no longer admits it");
+        metrics.handshake(HandshakeOutcome::TlsFailed);
+        let _ = send_within(&mut chan, &Message::Abort { reason }, courtesy).await;
+        return Outcome::Failed;
+    }
     let setup = Session::establish(&mut chan, &device, sgid, secrets, session_cfg);
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
@@ -224,6 +248,14 @@ pub(super) async fn serve_session(
                 let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                 break "server shutdown".to_owned();
             }
+            end = live.ended() => {
+                // Revoked by a new CRL, or past its notAfter: the client hears why (and does
+                // not retry), then the session is torn down as any other.
+                let (reason, why) = cert_end(end, metrics);
+                tracing::warn!(client = %identity, %reason, "ending the session: {why}");
+                let _ = send_within(&mut chan, &Message::Abort { reason }, courtesy).await;
+                break why.to_owned();
+            }
             _ = tokio::time::sleep(cfg.idle_timeout) => {
                 let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                 break format!("idle for {:?}", cfg.idle_timeout);
@@ -260,6 +292,25 @@ pub(super) async fn serve_session(
         "client gone; its PD, CQs, MRs and QP are freed"
     );
     Outcome::Served
+}
+
+/// The abort that tells the client why its certificate ended its session, and the reason
+/// logged; counted in the metrics.
+fn cert_end(end: CertEnd, metrics: &crate::metrics::ServerMetrics) -> (AbortReason, &'static str) {
+    let (reason, label, why) = match end {
+        CertEnd::Revoked => (
+            AbortReason::CertificateRevoked,
+            "certificate_revoked",
+            "certificate revoked",
+        ),
+        CertEnd::Expired { not_after } => (
+            AbortReason::CertificateExpired { not_after },
+            "certificate_expired",
+            "certificate expired",
+        ),
+    };
+    metrics.session_ended_by_cert(label);
+    (reason, why)
 }
 
 /// Writes one message to a client, or says why it could not within `limit`.
