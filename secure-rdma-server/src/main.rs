@@ -12,6 +12,7 @@ use rdma_cli::choices::{CipherChoice, PollMode};
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
 use secure_rdma::metrics::ServerMetrics;
+use secure_rdma::protect::RekeyPolicy;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Limits, ProtectionPolicy, Server, ServerConfig};
 use secure_rdma::verbs::Poll;
@@ -152,7 +153,20 @@ struct Opts {
     /// nothing twice); 0 remembers nothing [default: 120]
     #[arg(long, value_name = "SECONDS")]
     resume_window: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window)
+    /// Rotate each direction's payload key after this many messages under one key (a fresh key
+    /// derived from the previous one; the client follows, nothing is lost); 0 turns this
+    /// threshold off [default: 16777216 (2^24), inside the AES-GCM usage limits]
+    #[arg(long, value_name = "MESSAGES")]
+    rekey_after: Option<u64>,
+    /// Rotate each direction's payload key after this many payload bytes under one key; 0 turns
+    /// this threshold off [default: 4294967296 (4 GiB, 2^32)]
+    #[arg(long, value_name = "BYTES")]
+    rekey_after_bytes: Option<u64>,
+    /// Rotate each direction's payload key once it is this many seconds old (at its next
+    /// message); 0 turns this threshold off. All three at 0: keys never rotate [default: 3600]
+    #[arg(long, value_name = "SECS")]
+    rekey_after_seconds: Option<u64>,
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -410,7 +424,22 @@ async fn serve(flags: Opts) -> Result<()> {
         .with_poll(flags.poll.or(file.poll).unwrap_or_default())
         .with_resume_window(Duration::from_secs(
             flags.resume_window.or(file.resume_window).unwrap_or(120),
-        ));
+        ))
+        .with_rekey(
+            RekeyPolicy::default()
+                .with_messages(
+                    (flags.rekey_after.or(file.rekey_after))
+                        .unwrap_or(RekeyPolicy::DEFAULT_MESSAGES),
+                )
+                .with_bytes(
+                    (flags.rekey_after_bytes.or(file.rekey_after_bytes))
+                        .unwrap_or(RekeyPolicy::DEFAULT_BYTES),
+                )
+                .with_seconds(
+                    (flags.rekey_after_seconds.or(file.rekey_after_seconds))
+                        .unwrap_or(RekeyPolicy::DEFAULT_SECONDS),
+                ),
+        );
     // The server's counts, shared with telemetry (started before the server binds).
     let server_metrics = ServerMetrics::default();
     if config.protection.ciphers.is_empty() {

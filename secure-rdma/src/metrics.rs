@@ -23,6 +23,7 @@
 //! | `secure_rdma_operations_replayed_total` | counter | |
 //! | `secure_rdma_duplicates_suppressed_total` | counter | |
 //! | `secure_rdma_streams_expired_total` | counter | |
+//! | `secure_rdma_key_rotations_total` | counter | `direction` (`send`: the server's keys; `receive`: the clients') |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -139,6 +140,27 @@ pub const REJECTION_REASONS: [&str; 8] = [
     PENDING_LIMIT,
 ];
 
+/// Which direction of a session a payload key protects (the `direction` label of
+/// `secure_rdma_key_rotations_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyDirection {
+    /// What the server seals (its acknowledgements over RDMA).
+    Send,
+    /// What the server opens (its clients' operations).
+    Receive,
+}
+
+impl KeyDirection {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            KeyDirection::Send => "send",
+            KeyDirection::Receive => "receive",
+        }
+    }
+}
+
 /// The RDMA steps the server times (the `verb` label of
 /// `secure_rdma_verb_duration_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -163,6 +185,11 @@ impl TimedVerb {
             TimedVerb::PostSend => "post_send",
         }
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -228,6 +255,7 @@ pub struct ServerMetrics {
     operations_replayed: Counter,
     duplicates_suppressed: Counter,
     streams_expired: Counter,
+    key_rotations: Family<DirectionLabels, Counter>,
 }
 
 impl Default for ServerMetrics {
@@ -246,7 +274,15 @@ impl Default for ServerMetrics {
             operations_replayed: Counter::default(),
             duplicates_suppressed: Counter::default(),
             streams_expired: Counter::default(),
+            key_rotations: Family::default(),
         };
+        for direction in ["send", "receive"] {
+            drop(
+                metrics
+                    .key_rotations
+                    .get_or_create(&DirectionLabels { direction }),
+            );
+        }
         for outcome in ["resumed", "expired"] {
             drop(
                 metrics
@@ -345,6 +381,41 @@ impl ServerMetrics {
             "Operation streams forgotten: their resume window passed, or room was needed",
             self.streams_expired.clone(),
         );
+        registry.register(
+            "secure_rdma_key_rotations",
+            "Payload key rotations (a session's key moving to its next epoch), by direction: send for the server's own keys, receive for its clients'",
+            self.key_rotations.clone(),
+        );
+    }
+
+    /// Counts `n` payload key rotations of sessions' `direction`: `send` (what the server
+    /// seals) or `receive` (what it opens).
+    pub fn key_rotated(&self, direction: KeyDirection, n: u64) {
+        if n > 0 {
+            self.key_rotations
+                .get_or_create(&DirectionLabels {
+                    direction: direction.label(),
+                })
+                .inc_by(n);
+        }
+    }
+
+    /// Payload key rotations so far in `direction`, over all sessions.
+    ///
+    /// ```
+    /// use secure_rdma::metrics::{KeyDirection, ServerMetrics};
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.key_rotated(KeyDirection::Receive, 3);
+    /// assert_eq!(metrics.key_rotations(KeyDirection::Receive), 3);
+    /// assert_eq!(metrics.key_rotations(KeyDirection::Send), 0);
+    /// ```
+    pub fn key_rotations(&self, direction: KeyDirection) -> u64 {
+        self.key_rotations
+            .get_or_create(&DirectionLabels {
+                direction: direction.label(),
+            })
+            .get()
     }
 
     /// Counts a resume of a stream the server knew, whose answers spared the

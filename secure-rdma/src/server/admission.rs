@@ -357,6 +357,8 @@ pub(super) async fn admit(
         cipher,
         rdma_window: rdma_window.map(|w| w as u32),
         resume: stream.resume.clone(),
+        // Only a protected session has keys to rotate.
+        rekey: cipher.map(|_| cfg.rekey),
     };
     if chan.send(&accept).await.is_err() {
         counts.handshake(HandshakeOutcome::Failed);
@@ -369,6 +371,7 @@ pub(super) async fn admit(
         Ok(mut secrets) => {
             if let Some(p) = secrets.protection.as_mut() {
                 p.bind_stream(Side::Server, stream.id(), stream.first);
+                p.set_rekey(cfg.rekey);
             }
             secrets
         }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::handshake::RejectReason;
-use crate::protect::Cipher;
+use crate::protect::{Cipher, RekeyPolicy};
 use crate::quota::Quotas;
 use crate::verbs::Poll;
 
@@ -76,6 +76,10 @@ pub struct ServerConfig {
     /// operations were delivered (default 120 s; zero remembers nothing, and
     /// every reconnect is answered "expired").
     pub resume_window: Duration,
+    /// When the payload keys of every protected session rotate, in both directions: announced
+    /// to each client in the accept, which applies it to what it sends, as the server does
+    /// (default: [`RekeyPolicy::default`], inside the AEAD usage limits).
+    pub rekey: RekeyPolicy,
 }
 
 impl ServerConfig {
@@ -110,7 +114,23 @@ impl ServerConfig {
             limits: Limits::default(),
             poll: Poll::default(),
             resume_window: Duration::from_secs(120),
+            rekey: RekeyPolicy::default(),
         }
+    }
+
+    /// Sets [`rekey`](Self::rekey).
+    ///
+    /// ```
+    /// use secure_rdma::protect::RekeyPolicy;
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_rekey(RekeyPolicy::default().with_messages(100));
+    /// assert_eq!(config.rekey.messages, 100);
+    /// ```
+    pub fn with_rekey(mut self, rekey: RekeyPolicy) -> Self {
+        self.rekey = rekey;
+        self
     }
 
     /// Sets [`resume_window`](Self::resume_window).
