@@ -29,7 +29,9 @@
 //! 5. [`report`] — what is printed: one line or JSON object per injected packet, a summary;
 //! 6. [`plan`] — what a run does, checked: a [`plan::Plan`];
 //! 7. [`net`] — the interface and its two AF_PACKET sockets (the only `unsafe` code);
-//! 8. [`run`] — runs a plan: sockets first, then learn, forge, send.
+//! 8. [`run`] — runs a plan: sockets first, then learn, forge, send;
+//! 9. [`sealed`] — secure-rdma's sealed messages: their clear header learned from the flow,
+//!    forgeries that only the AEAD tag refuses, renumbered and reflected messages.
 //!
 //! ```
 //! use rdma_inject::forge::{forge, Injection};
@@ -60,6 +62,8 @@ pub mod plan;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod sealed;
+mod sealed_run;
 
 /// The crate's README, whose examples run as doctests so they cannot go stale.
 #[doc = include_str!("../README.md")]

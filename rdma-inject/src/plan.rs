@@ -9,6 +9,7 @@ use std::time::Duration;
 use roce::MacAddr;
 
 use crate::forge::Injection;
+use crate::sealed::SealedAttack;
 
 /// The longest forged payload: one packet, so at most the largest RoCE path MTU.
 pub const MAX_PAYLOAD: usize = 4096;
@@ -73,5 +74,15 @@ pub enum Plan {
         iface: String,
         /// Renumber into this live flow; `None`: verbatim.
         live: Option<LearnOptions>,
+    },
+    /// `--sealed-forge`, `--sealed-renumber`, `--reflect`: a sealed-message attack on a live
+    /// flow of a payload-protected peer (see [`crate::sealed`]).
+    Sealed {
+        /// How to learn.
+        learn: LearnOptions,
+        /// Which attack.
+        attack: SealedAttack,
+        /// The header sequence to inject; `None`: the flow's next (last observed + 1).
+        seq: Option<u64>,
     },
 }

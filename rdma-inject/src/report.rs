@@ -84,6 +84,29 @@ pub enum Summary {
     Blind(BlindSummary),
     /// [`Plan::Replay`](crate::plan::Plan::Replay).
     Replay(ReplaySummary),
+    /// [`Plan::Sealed`](crate::plan::Plan::Sealed).
+    Sealed(SealedSummary),
+}
+
+/// The sealed-message attacks' summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct SealedSummary {
+    /// The interface observed (and sent on).
+    pub iface: String,
+    /// The responder asked for, if any.
+    pub dst: Option<IpAddr>,
+    /// Frames seen on the interface.
+    pub frames_seen: u64,
+    /// Of those, RoCEv2 packets.
+    pub roce_packets: u64,
+    /// The flow learned.
+    pub flow: Option<Flow>,
+    /// Packets injected.
+    pub injected: usize,
+    /// The sealed headers: observed, injected, and the source's.
+    pub sealed: crate::sealed::SealedReport,
+    /// Milliseconds from start to the end.
+    pub elapsed_ms: u64,
 }
 
 /// `{"injected": …}`, fields in declaration order.
@@ -224,6 +247,21 @@ impl<W: Write> Reporter<W> {
                         "verbatim"
                     },
                     r.elapsed_ms
+                )?,
+                Summary::Sealed(x) => writeln!(
+                    self.out,
+                    "sealed {} on {}: injected sequence {} ({} bytes, epoch {}) after {} sealed \
+                     messages seen (last sequence {}), in {} ms",
+                    x.sealed.attack,
+                    x.iface,
+                    x.sealed.injected.seq,
+                    x.sealed.injected.len,
+                    x.sealed.injected.epoch,
+                    x.sealed.sealed_seen,
+                    x.sealed
+                        .observed
+                        .map_or("none".to_owned(), |h| h.seq.to_string()),
+                    x.elapsed_ms
                 )?,
             }
         }

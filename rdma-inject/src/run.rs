@@ -72,6 +72,15 @@ pub enum RunError {
     /// Stdout failed (a closed pipe).
     #[error("writing the report: {0}")]
     Output(#[source] io::Error),
+    /// A capture to renumber holds no whole sealed message (a SEND Only or WRITE Only with
+    /// Immediate whose payload is a version 2 header, ciphertext and tag).
+    #[error("{path}: none of its {requests} requests is a sealed message in one packet")]
+    NoSealedInCapture {
+        /// The capture.
+        path: PathBuf,
+        /// Requests in it.
+        requests: usize,
+    },
 }
 
 /// What learning a live flow lacked when it gave up.
@@ -95,6 +104,17 @@ pub enum Shortfall {
     NeverQuiet {
         /// [`LearnOptions::quiet`].
         quiet: Duration,
+    },
+    /// The flow carried no sealed message (secure-rdma's version 2 header whose length
+    /// matches): the peer may not protect its payloads, or no message was sent yet.
+    #[error("no sealed message (a version 2 header with a matching length) was seen in the flow")]
+    NoSealed,
+    /// The flow's responder sent no sealed SEND with the sequence it expects next from the
+    /// flow, so there is nothing to reflect.
+    #[error("the responder sent no sealed SEND with sequence {seq}, the one it expects next")]
+    NoReflection {
+        /// The sequence looked for.
+        seq: u64,
     },
 }
 
@@ -132,7 +152,7 @@ impl From<ForgeError> for RunError {
     }
 }
 
-fn out(e: io::Error) -> RunError {
+pub(crate) fn out(e: io::Error) -> RunError {
     RunError::Output(e)
 }
 
@@ -197,12 +217,15 @@ pub fn run<W: Write>(plan: &Plan, rep: &mut Reporter<W>) -> Result<(), RunError>
             blind(&sender, &spec, *guesses, *seed, *timeout, rep)
         }
         Plan::Replay { file, iface, live } => replay(file, iface, live.as_ref(), rep),
+        Plan::Sealed { learn, attack, seq } => {
+            crate::sealed_run::run_sealed(learn, attack, *seq, rep)
+        }
     }
 }
 
 /// Both sockets on one interface: opened before anything else so that a missing capability
 /// or interface is reported at once.
-fn sockets(name: &str) -> Result<(Interface, Sender, Observer), RunError> {
+pub(crate) fn sockets(name: &str) -> Result<(Interface, Sender, Observer), RunError> {
     let iface = Interface::by_name(name)?;
     let sender = Sender::open(&iface)?;
     let observer = Observer::open(&iface)?;
@@ -326,7 +349,7 @@ fn open_save(path: &Path) -> Result<PcapWriter<BufWriter<File>>, RunError> {
     .map_err(err)
 }
 
-fn elapsed_ms(start: Instant) -> u64 {
+pub(crate) fn elapsed_ms(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 

@@ -12,6 +12,7 @@ use roce::MacAddr;
 use rdma_inject::forge::Injection;
 use rdma_inject::mac::parse_mac;
 use rdma_inject::plan::{LearnOptions, Plan, MAX_PAYLOAD};
+use rdma_inject::sealed::{SealedAttack, OVERHEAD};
 
 /// The most guesses one `--blind` run sends.
 pub const MAX_GUESSES: u32 = 1_000_000;
@@ -55,6 +56,30 @@ Modes:
                        addresses and port): a captured message delivered again.
       rdma-inject --replay msg.pcap --iface veth-b
       rdma-inject --replay msg.pcap --observe veth-b --dst 10.77.0.1
+
+Sealed messages (secure-rdma's payload protection: a 16-byte clear header with version 2,
+operation, epoch, lane, sequence and length, then ciphertext and a 16-byte tag). With
+--observe, the flow's sealed header is learned from every SEND and WRITE with immediate
+(the immediate is the sealed length), and one message goes in at the next PSN:
+
+  --sealed-forge       The last observed header with the next sequence (--sealed-seq N to
+                       choose it), a random ciphertext as long as the observed message's
+                       (--sealed-text TEXT: those bytes instead), the length field matching,
+                       and a random 16-byte tag: every check of the receiver passes but the
+                       tag. Waits for a sealed message unless --sealed-seq is given.
+      rdma-inject --observe veth-b --dst 10.77.0.1 --sealed-forge
+  --sealed-renumber FILE.pcap
+                       The capture's first sealed message (SEND Only or WRITE Only with
+                       Immediate, e.g. saved with --save), its header's sequence rewritten to
+                       the live flow's next sealed sequence (or --sealed-seq N) and its PSN
+                       to the flow's next: an old message (another epoch, another session)
+                       that only the keys can refuse.
+      rdma-inject --observe veth-b --dst 10.77.0.1 --sealed-renumber old.pcap
+  --reflect            Reflection: wait until --dst sends a sealed SEND (in the other
+                       direction) whose sequence is the one --dst expects next from the flow,
+                       then push it back unchanged into --dst's QP at the flow's next PSN
+                       (observe the responder's link, e.g. veth-a to reach 10.77.0.2).
+      rdma-inject --observe veth-a --dst 10.77.0.2 --reflect
 
 Output: one line per injected packet and a summary on stdout; with --json one object per
 injected packet ({\"injected\": {\"opcode\", \"dst_qpn\", \"psn\", \"bytes\", \"payload_len\"}})
@@ -132,6 +157,29 @@ pub struct Cli {
     /// Write the learned flow's request packets to this pcap file (--observe)
     #[arg(long, value_name = "FILE.pcap", requires = "observe")]
     pub save: Option<PathBuf>,
+    /// Inject a sealed forgery: the observed header with the next sequence, a random
+    /// ciphertext and tag (--observe; see "Sealed messages")
+    #[arg(long, requires_all = ["observe"],
+          conflicts_with_all = ["send", "send_hex", "write_imm", "replay", "blind", "sealed_renumber", "reflect", "save"])]
+    pub sealed_forge: bool,
+    /// The forgery's ciphertext bytes, as text (--sealed-forge) [default: random, the observed
+    /// message's length]
+    #[arg(long, value_name = "TEXT", requires = "sealed_forge")]
+    pub sealed_text: Option<String>,
+    /// Re-send the capture's first sealed message with its sequence renumbered to the live
+    /// flow's next (--observe)
+    #[arg(long, value_name = "FILE.pcap", requires = "observe",
+          conflicts_with_all = ["send", "send_hex", "write_imm", "replay", "blind", "reflect", "save"])]
+    pub sealed_renumber: Option<PathBuf>,
+    /// Push --dst's own sealed SEND back into its QP when its sequence is the one --dst
+    /// expects next (--observe, --dst)
+    #[arg(long, requires_all = ["observe", "dst"],
+          conflicts_with_all = ["send", "send_hex", "write_imm", "replay", "blind", "save"])]
+    pub reflect: bool,
+    /// The sequence to put in the injected header instead of the observed one plus one
+    /// (--sealed-forge, --sealed-renumber; --reflect: the sequence of the message to reflect)
+    #[arg(long, value_name = "N")]
+    pub sealed_seq: Option<u64>,
     /// One JSON object per injected packet and a summary object on stdout
     #[arg(long)]
     pub json: bool,
@@ -230,6 +278,9 @@ pub enum CliError {
     /// `--iface` given where it means nothing.
     #[error("--iface is for --blind and --replay; --observe names its interface itself")]
     StrayIface,
+    /// `--sealed-seq` without a sealed mode.
+    #[error("--sealed-seq is for --sealed-forge, --sealed-renumber and --reflect")]
+    StraySealedSeq,
 }
 
 impl Cli {
@@ -241,6 +292,10 @@ impl Cli {
             ("--send", self.send.as_ref().map(String::len)),
             ("--send-hex", self.send_hex.as_ref().map(|b| b.0.len())),
             ("--write-imm", self.write_imm.as_ref().map(String::len)),
+            (
+                "--sealed-text",
+                self.sealed_text.as_ref().map(|t| t.len() + OVERHEAD),
+            ),
         ] {
             if let Some(len) = len.filter(|&l| l > MAX_PAYLOAD) {
                 return Err(CliError::PayloadTooLong { flag, len });
@@ -320,6 +375,24 @@ impl Cli {
             }
             Some(_) => return Err(CliError::StrayIface),
             None => {}
+        }
+        let sealed = match (self.sealed_forge, &self.sealed_renumber, self.reflect) {
+            (true, _, _) => Some(SealedAttack::Forge {
+                text: self.sealed_text.clone().map(String::into_bytes),
+            }),
+            (false, Some(file), _) => Some(SealedAttack::Renumber { file: file.clone() }),
+            (false, None, true) => Some(SealedAttack::Reflect),
+            (false, None, false) => None,
+        };
+        if let Some(attack) = sealed {
+            return Ok(Plan::Sealed {
+                learn: learn(observe),
+                attack,
+                seq: self.sealed_seq,
+            });
+        }
+        if self.sealed_seq.is_some() {
+            return Err(CliError::StraySealedSeq);
         }
         let injection = match (&self.send, &self.send_hex, &self.write_imm) {
             (Some(t), _, _) => Some(Injection::Send(t.clone().into_bytes())),
@@ -546,6 +619,79 @@ mod tests {
     }
 
     #[test]
+    fn sealed_modes_plan_and_refuse_what_does_not_combine() {
+        let plan = |args: &[&str]| parse(args).unwrap().plan().unwrap();
+        let p = plan(&[
+            "--observe",
+            "veth-b",
+            "--dst",
+            "10.77.0.1",
+            "--sealed-forge",
+        ]);
+        let Plan::Sealed { learn, attack, seq } = p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(learn.dst, Some([10, 77, 0, 1].into()));
+        assert_eq!((attack, seq), (SealedAttack::Forge { text: None }, None));
+        let p = plan(&[
+            "--observe",
+            "veth-b",
+            "--sealed-forge",
+            "--sealed-text",
+            "FORGED",
+            "--sealed-seq",
+            "7",
+        ]);
+        assert!(matches!(
+            p,
+            Plan::Sealed { attack: SealedAttack::Forge { text: Some(ref t) }, seq: Some(7), .. } if t == b"FORGED"
+        ));
+        let p = plan(&["--observe", "veth-b", "--sealed-renumber", "old.pcap"]);
+        assert!(matches!(
+            p,
+            Plan::Sealed { attack: SealedAttack::Renumber { ref file }, seq: None, .. } if file.to_str() == Some("old.pcap")
+        ));
+        let p = plan(&["--observe", "veth-a", "--dst", "10.77.0.2", "--reflect"]);
+        assert!(matches!(
+            p,
+            Plan::Sealed {
+                attack: SealedAttack::Reflect,
+                ..
+            }
+        ));
+        // Reflection needs to know the responder; the modes exclude each other and the
+        // plain injections.
+        assert!(usage_error(&["--observe", "veth-a", "--reflect"]).contains("--dst"));
+        for bad in [
+            &["--observe", "veth-b", "--sealed-forge", "--send", "x"][..],
+            &[
+                "--observe",
+                "veth-b",
+                "--sealed-forge",
+                "--reflect",
+                "--dst",
+                "10.77.0.2",
+            ],
+            &[
+                "--observe",
+                "veth-b",
+                "--sealed-renumber",
+                "f",
+                "--sealed-forge",
+            ],
+            &["--sealed-forge"],
+            &["--observe", "veth-b", "--sealed-text", "x"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        let e = parse(&["--observe", "veth-b", "--sealed-seq", "3"])
+            .unwrap()
+            .plan()
+            .unwrap_err();
+        assert_eq!(e, CliError::StraySealedSeq);
+    }
+
+    #[test]
     fn help_explains_every_mode_with_an_example() {
         let mut cmd = <Cli as clap::CommandFactory>::command();
         let help = cmd.render_long_help().to_string();
@@ -553,6 +699,9 @@ mod tests {
             "rdma-inject --observe veth-b --dst 10.77.0.1 --send",
             "rdma-inject --blind --iface veth-b",
             "rdma-inject --replay msg.pcap --iface veth-b",
+            "rdma-inject --observe veth-b --dst 10.77.0.1 --sealed-forge",
+            "rdma-inject --observe veth-b --dst 10.77.0.1 --sealed-renumber old.pcap",
+            "rdma-inject --observe veth-a --dst 10.77.0.2 --reflect",
             "CAP_NET_RAW",
         ] {
             assert!(help.contains(needle), "{needle}: {help}");

@@ -45,6 +45,14 @@ fn not_learned(n: &NotLearned) -> String {
             n.missing.to_string(),
             "Lower --quiet-ms or raise --timeout.",
         ),
+        Shortfall::NoSealed => (
+            n.missing.to_string(),
+            "Is the peer's payload protection on? Against an unprotected peer give --sealed-seq N.",
+        ),
+        Shortfall::NoReflection { .. } => (
+            n.missing.to_string(),
+            "Observe while --dst sends its next message, or give --sealed-seq N.",
+        ),
         // NoRequest, and whatever a later library finds missing.
         _ => (
             n.missing.to_string(),
