@@ -442,6 +442,14 @@ async fn serve(flags: Opts) -> Result<()> {
         );
     // The server's counts, shared with telemetry (started before the server binds).
     let server_metrics = ServerMetrics::default();
+    // Without payload protection there are no keys to rotate.
+    if !config.protection.ciphers.is_empty() {
+        if config.rekey.is_off() {
+            tracing::warn!("payload keys never rotate (--rekey-after, --rekey-after-bytes and --rekey-after-seconds all 0): a long session can pass the AEAD usage limits");
+        } else {
+            tracing::info!(rekey = %config.rekey, "payload keys rotate");
+        }
+    }
     if config.protection.ciphers.is_empty() {
         tracing::warn!("payload protection is OFF (--no-payload-protection): an on-path attacker can forge, replay and read RDMA messages");
     }

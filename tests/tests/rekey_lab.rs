@@ -341,7 +341,7 @@ fn replay_a_message_of_epoch_0(port: u16, rekey: &[&str], dir: &Path) -> Replaye
         .err
         .snapshot()
         .into_iter()
-        .filter(|l| l.contains("failed authentication"))
+        .filter(|l| l.contains("failed authentication (forged, replayed or corrupted)"))
         .collect();
     assert!(client.quit_ok(), "message_client did not exit 0");
     Replayed {
