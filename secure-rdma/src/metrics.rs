@@ -24,6 +24,7 @@
 //! | `secure_rdma_duplicates_suppressed_total` | counter | |
 //! | `secure_rdma_streams_expired_total` | counter | |
 //! | `secure_rdma_key_rotations_total` | counter | `direction` (`send`: the server's keys; `receive`: the clients') |
+//! | `secure_rdma_auth_failures_by_check_total` | counter | `check` ([`AUTH_CHECKS`]: which check of the receiver refused it; `tag` is the AEAD tag) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -65,6 +66,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::datapath::Op;
 use crate::handshake::RejectReason;
+use crate::protect::AUTH_CHECKS;
 
 /// How a connection's handshake ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -213,6 +215,11 @@ struct TenantLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CheckLabels {
+    check: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct TenantOpLabels {
     tenant: String,
     op: &'static str,
@@ -256,6 +263,7 @@ pub struct ServerMetrics {
     duplicates_suppressed: Counter,
     streams_expired: Counter,
     key_rotations: Family<DirectionLabels, Counter>,
+    auth_failure_checks: Family<CheckLabels, Counter>,
 }
 
 impl Default for ServerMetrics {
@@ -275,12 +283,20 @@ impl Default for ServerMetrics {
             duplicates_suppressed: Counter::default(),
             streams_expired: Counter::default(),
             key_rotations: Family::default(),
+            auth_failure_checks: Family::default(),
         };
         for direction in ["send", "receive"] {
             drop(
                 metrics
                     .key_rotations
                     .get_or_create(&DirectionLabels { direction }),
+            );
+        }
+        for check in AUTH_CHECKS {
+            drop(
+                metrics
+                    .auth_failure_checks
+                    .get_or_create(&CheckLabels { check }),
             );
         }
         for outcome in ["resumed", "expired"] {
@@ -386,6 +402,11 @@ impl ServerMetrics {
             "Payload key rotations (a session's key moving to its next epoch), by direction: send for the server's own keys, receive for its clients'",
             self.key_rotations.clone(),
         );
+        registry.register(
+            "secure_rdma_auth_failures_by_check",
+            "RDMA messages that failed authentication, by the receiver's check that refused them (tag: the AEAD tag)",
+            self.auth_failure_checks.clone(),
+        );
     }
 
     /// Counts `n` payload key rotations of sessions' `direction`: `send` (what the server
@@ -416,6 +437,40 @@ impl ServerMetrics {
                 direction: direction.label(),
             })
             .get()
+    }
+
+    /// Counts which check refused a message that failed authentication (`check`: one of
+    /// [`AUTH_CHECKS`], from [`AuthError::check`](crate::protect::AuthError::check)), next to
+    /// [`ServerMetrics::auth_failure`]'s count by tenant.
+    ///
+    /// ```
+    /// use secure_rdma::metrics::ServerMetrics;
+    /// use secure_rdma::protect::AuthError;
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.auth_failure_check(AuthError::Tag.check());
+    /// assert_eq!(metrics.auth_failure_checks().get("tag"), Some(&1));
+    /// assert_eq!(metrics.auth_failure_checks().get("sequence"), Some(&0));
+    /// ```
+    pub fn auth_failure_check(&self, check: &'static str) {
+        self.auth_failure_checks
+            .get_or_create(&CheckLabels { check })
+            .inc();
+    }
+
+    /// Authentication failures so far by the check that refused them, every check listed.
+    pub fn auth_failure_checks(&self) -> BTreeMap<&'static str, u64> {
+        AUTH_CHECKS
+            .iter()
+            .map(|&check| {
+                (
+                    check,
+                    self.auth_failure_checks
+                        .get_or_create(&CheckLabels { check })
+                        .get(),
+                )
+            })
+            .collect()
     }
 
     /// Counts a resume of a stream the server knew, whose answers spared the

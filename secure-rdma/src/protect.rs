@@ -739,6 +739,46 @@ pub enum AuthError {
     },
 }
 
+/// Every value of [`AuthError::check`], in the order [`Opener::open`] applies the checks.
+pub const AUTH_CHECKS: [&str; 8] = [
+    "truncated",
+    "version",
+    "header",
+    "operation",
+    "epoch",
+    "sequence",
+    "length",
+    "tag",
+];
+
+impl AuthError {
+    /// Which of the receiver's checks refused the message, as a short label for logs and
+    /// metrics: one of [`AUTH_CHECKS`]. A forgery built from an observed header (the next
+    /// sequence, a matching length) gets past every check but the tag, so `"tag"` is the
+    /// check that shows the keys and nonces at work; the others refuse what the clear header
+    /// alone gives away.
+    ///
+    /// ```
+    /// use secure_rdma::protect::AuthError;
+    ///
+    /// assert_eq!(AuthError::Tag.check(), "tag");
+    /// assert_eq!(AuthError::Tag.to_string(), "authentication tag mismatch");
+    /// assert_eq!(AuthError::Truncated(18).check(), "truncated");
+    /// ```
+    pub fn check(&self) -> &'static str {
+        match self {
+            AuthError::Truncated(_) => "truncated",
+            AuthError::Version { .. } => "version",
+            AuthError::BadHeader => "header",
+            AuthError::WrongOp { .. } => "operation",
+            AuthError::EpochEnded { .. } | AuthError::EpochUnknown { .. } => "epoch",
+            AuthError::Sequence { .. } => "sequence",
+            AuthError::Length { .. } => "length",
+            AuthError::Tag => "tag",
+        }
+    }
+}
+
 /// Opens the messages of one direction, in order. Owns the direction's key schedule, which
 /// follows the epoch in the headers, and the next sequence number it accepts.
 pub struct Opener {

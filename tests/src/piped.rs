@@ -238,6 +238,27 @@ impl Piped {
     }
 }
 
+impl Piped {
+    /// Waits for the program to exit on its own (nothing typed: it may have closed its
+    /// stdin already) and returns its status, with every line it wrote collected.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                self.out.wait_closed(Duration::from_secs(10));
+                self.err.wait_closed(Duration::from_secs(10));
+                return s;
+            }
+            assert!(
+                start.elapsed() < STEP,
+                "the client did not exit\n{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 impl Drop for Piped {
     fn drop(&mut self) {
         let _ = self.child.kill();

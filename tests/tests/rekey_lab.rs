@@ -370,7 +370,8 @@ fn a_replayed_message_of_an_ended_epoch_is_refused_naming_its_epoch() {
     assert_eq!(rotating.refusals.len(), 1, "{:?}", rotating.refusals);
     assert!(
         rotating.refusals[0]
-            .contains("sealed under key epoch 0, which has ended (current epoch 2)"),
+            .contains("sealed under key epoch 0, which has ended (current epoch 2)")
+            && rotating.refusals[0].contains("check=\"epoch\""),
         "{:?}",
         rotating.refusals
     );
@@ -383,6 +384,7 @@ fn a_replayed_message_of_an_ended_epoch_is_refused_naming_its_epoch() {
     assert_eq!(fixed.refusals.len(), 1, "{:?}", fixed.refusals);
     assert!(
         fixed.refusals[0].contains("authentication tag mismatch")
+            && fixed.refusals[0].contains("check=\"tag\"")
             && !fixed.refusals[0].contains("which has ended"),
         "{:?}",
         fixed.refusals

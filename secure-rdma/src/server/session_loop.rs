@@ -146,9 +146,11 @@ pub(super) async fn serve_session(
                         // client never sent, so its next message would be dropped as a
                         // duplicate: end the session and tell the client why.
                         metrics.auth_failure(&identity);
+                        metrics.auth_failure_check(e.check());
                         tracing::warn!(
                             client = %identity,
                             detail = %e,
+                            check = e.check(),
                             failures = metrics.auth_failures_total(),
                             "RDMA message failed authentication (forged, replayed or corrupted); tearing the session down"
                         );
