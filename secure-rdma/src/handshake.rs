@@ -242,12 +242,19 @@ impl From<AckRecord> for Ack {
 }
 
 /// Capabilities this implementation offers in its hello.
-pub const CAPABILITIES: [&str; 4] = [
+pub const CAPABILITIES: [&str; 5] = [
     "send",
     "write-with-imm",
     "confirm-token",
     "payload-protection",
+    KEY_ROTATION,
 ];
+
+/// The capability of a client that follows and applies key rotation: the
+/// server rotates the payload keys of its session by its policy, announced
+/// in [`Message::Accept`]'s `rekey`. A client without it (an earlier release)
+/// keeps one key per direction, as it expects.
+pub const KEY_ROTATION: &str = "key-rotation";
 
 /// The capability a client lists in its hello to have its operations
 /// acknowledged over RDMA instead of TLS: the streaming data path. The server

@@ -5,14 +5,16 @@
 //! observer can forge or replay messages (`rdma-inject` does it in the lab). So every message
 //! the two ends exchange over RDMA is sealed with an AEAD whose keys only they hold:
 //!
-//! - **Keys**: one traffic secret per direction, from the TLS session's exporter (RFC 8446 §7.5)
-//!   with its own label, so it is unrelated to the confirmation tokens and new for every session.
-//!   The AEAD key of each *epoch* is derived from that epoch's secret, and the secret ratchets
-//!   forward as TLS 1.3's KeyUpdate does (RFC 8446 §7.2): `key_n = HKDF-Expand-Label(secret_n,
-//!   "key")`, `secret_n+1 = HKDF-Expand-Label(secret_n, "traffic upd")` (SHA-256, our own label
-//!   prefix). The sender moves to the next epoch when its [`RekeyPolicy`] says so (messages,
-//!   bytes or seconds under one key); the epoch travels in the header, and the receiver follows
-//!   it (see [Key rotation](#key-rotation)).
+//! - **Keys**: one per direction, from the TLS session's exporter (RFC 8446 §7.5) with their own
+//!   label, so they are unrelated to the confirmation tokens and new for every session: the key
+//!   of epoch 0. Each direction also exports, under another label, the secret its later keys
+//!   ratchet from, as TLS 1.3's KeyUpdate does (RFC 8446 §7.2): `key_n = HKDF-Expand-Label(
+//!   secret_n, "key")`, `secret_n+1 = HKDF-Expand-Label(secret_n, "traffic upd")` (SHA-256, our
+//!   own label prefix). The sender moves to the next epoch when its [`RekeyPolicy`] says so
+//!   (messages, bytes or seconds under one key); the epoch travels in the header, and the
+//!   receiver follows it (see [Key rotation](#key-rotation)). Epoch 0's key is what it was before
+//!   keys rotated, so a peer of an earlier release interoperates as long as nothing rotates
+//!   (the server rotates nothing for a client that does not list [`crate::handshake::KEY_ROTATION`]).
 //! - **Nonce**: the direction's 64-bit message sequence number, never reused under a key: a
 //!   [`Sealer`] refuses to seal once the sequence would wrap. Client to server it is the
 //!   operation's sequence in the client's [stream](crate::datapath::StreamId), which goes on
@@ -27,7 +29,7 @@
 //!   |---|---|
 //!   | 0 | version, 2 (a version 1 header is refused as [`AuthError::Version`]) |
 //!   | 1 | operation: 1 SEND, 2 WRITE |
-//!   | 2 | key epoch (0 until keys rotate) |
+//!   | 2 | key epoch, its low 8 bits ([key rotation](#key-rotation)) |
 //!   | 3 | lane (0 until a session has several QPs) |
 //!   | 4..12 | sequence, u64 big endian (also the nonce) |
 //!   | 12..16 | plaintext length, u32 big endian |
@@ -460,48 +462,59 @@ fn expand_label(secret: &[u8; KEY_LEN], label: &[u8]) -> Zeroizing<[u8; KEY_LEN]
     out
 }
 
-/// One direction's key schedule at one epoch: the epoch's secret, which only derives keys, and
-/// the AEAD key it gave. Dropping it zeroizes the secret (ring's copy of the key is ring's: see
-/// the [module documentation](self#key-rotation)).
+/// One direction's key schedule at one epoch: the epoch's AEAD key, and the secret the next
+/// epoch's key and secret come from. Epoch 0's key is the direction's key as exported; epoch
+/// `n + 1`'s key is `HKDF-Expand-Label(secret, "key")` and the secret after it
+/// `HKDF-Expand-Label(secret, "traffic upd")`, so whoever holds epoch `n`'s state can derive the
+/// keys that follow but none before. Dropping it zeroizes the secret (ring's copy of the key is
+/// ring's: see the [module documentation](self#key-rotation)).
 struct Ratchet {
     cipher: Cipher,
     /// The number of rotations so far; the header carries its low 8 bits.
     epoch: u64,
-    secret: Zeroizing<[u8; KEY_LEN]>,
     key: LessSafeKey,
+    /// The secret of the next epoch.
+    next_secret: Zeroizing<[u8; KEY_LEN]>,
 }
 
 impl Ratchet {
-    /// Epoch 0 of a direction whose traffic secret is `secret`.
-    fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> Ratchet {
-        Ratchet::at(cipher, 0, Zeroizing::new(*secret))
-    }
-
-    fn at(cipher: Cipher, epoch: u64, secret: Zeroizing<[u8; KEY_LEN]>) -> Ratchet {
-        // The key bytes are zeroized when `bytes` drops, once ring has its own copy.
-        let bytes = expand_label(&secret, b"key");
+    /// Epoch 0 of a direction: its AEAD key, and the secret its first rotation derives from.
+    fn new(
+        cipher: Cipher,
+        key_bytes: &[u8; KEY_LEN],
+        next_secret: Zeroizing<[u8; KEY_LEN]>,
+    ) -> Ratchet {
         Ratchet {
             cipher,
-            epoch,
-            key: key(cipher, &bytes),
-            secret,
+            epoch: 0,
+            key: key(cipher, key_bytes),
+            next_secret,
         }
     }
 
-    /// The next epoch's schedule. `self` still holds the current secret: the caller drops it
-    /// (zeroizing it) once the next epoch is in use.
+    /// The next epoch's schedule. `self` still holds the secret it came from: the caller drops
+    /// it (zeroizing it) once the next epoch is in use.
     fn next(&self) -> Ratchet {
-        Ratchet::at(
-            self.cipher,
-            self.epoch.wrapping_add(1),
-            expand_label(&self.secret, b"traffic upd"),
-        )
+        // The key bytes are zeroized when they drop, once ring has its own copy.
+        let key_bytes = expand_label(&self.next_secret, b"key");
+        Ratchet {
+            cipher: self.cipher,
+            epoch: self.epoch.wrapping_add(1),
+            key: key(self.cipher, &key_bytes),
+            next_secret: expand_label(&self.next_secret, b"traffic upd"),
+        }
     }
 
     /// The epoch's byte in a header.
     fn byte(&self) -> u8 {
         (self.epoch & 0xff) as u8
     }
+}
+
+/// The ratchet secret of a direction whose epoch-0 key is `key`, outside a TLS session (tests,
+/// benchmarks): [`Protection::from_tls`] exports it from the session instead.
+fn ratchet_from_key(key: &[u8; KEY_LEN]) -> Zeroizing<[u8; KEY_LEN]> {
+    expand_label(key, b"ratchet")
 }
 
 /// Why sealing failed.
@@ -553,12 +566,21 @@ impl std::fmt::Debug for Sealer {
 }
 
 impl Sealer {
-    /// A sealer of the direction whose traffic secret is `secret`, whose first message gets
-    /// sequence 1, bound to the all-zero stream until [`Sealer::bind`], that never rotates
-    /// until [`Sealer::set_policy`].
-    pub fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> Sealer {
+    /// A sealer whose first key is `key_bytes`, whose first message gets sequence 1, bound to
+    /// the all-zero stream until [`Sealer::bind`], that never rotates until
+    /// [`Sealer::set_policy`]. Its later keys come from a secret derived from `key_bytes`
+    /// (tests, benchmarks); [`Protection::from_tls`] exports that secret from the TLS session.
+    pub fn new(cipher: Cipher, key_bytes: &[u8; KEY_LEN]) -> Sealer {
+        Sealer::with_ratchet(cipher, key_bytes, ratchet_from_key(key_bytes))
+    }
+
+    fn with_ratchet(
+        cipher: Cipher,
+        key_bytes: &[u8; KEY_LEN],
+        ratchet: Zeroizing<[u8; KEY_LEN]>,
+    ) -> Sealer {
         Sealer {
-            ratchet: Ratchet::new(cipher, secret),
+            ratchet: Ratchet::new(cipher, key_bytes, ratchet),
             cipher,
             next_seq: 1,
             stream: StreamId([0; 16]),
@@ -799,11 +821,19 @@ impl std::fmt::Debug for Opener {
 }
 
 impl Opener {
-    /// An opener of the direction whose traffic secret is `secret`, that accepts sequence 1
-    /// first, of the all-zero stream until [`Opener::bind`].
-    pub fn new(cipher: Cipher, secret: &[u8; KEY_LEN]) -> Opener {
+    /// An opener whose first key is `key_bytes` (later keys as [`Sealer::new`]'s), that
+    /// accepts sequence 1 first, of the all-zero stream until [`Opener::bind`].
+    pub fn new(cipher: Cipher, key_bytes: &[u8; KEY_LEN]) -> Opener {
+        Opener::with_ratchet(cipher, key_bytes, ratchet_from_key(key_bytes))
+    }
+
+    fn with_ratchet(
+        cipher: Cipher,
+        key_bytes: &[u8; KEY_LEN],
+        ratchet: Zeroizing<[u8; KEY_LEN]>,
+    ) -> Opener {
         Opener {
-            ratchet: Ratchet::new(cipher, secret),
+            ratchet: Ratchet::new(cipher, key_bytes, ratchet),
             cipher,
             next_seq: 1,
             stream: StreamId([0; 16]),
@@ -909,22 +939,30 @@ pub struct Protection {
 
 impl Protection {
     /// The payload keys of this TLS session for `cipher`, seen from `side`: the sealer uses the
-    /// traffic secret of what `side` sends, the opener that of what the peer sends. Both ends
-    /// derive the same two secrets from the session's exporter secret (RFC 8446 §7.5); nobody
-    /// else can. Neither rotates until [`Protection::set_rekey`]. The exported bytes are
-    /// zeroized once the schedules have their copies.
+    /// key of what `side` sends, the opener the key of what the peer sends. Both ends derive the
+    /// same keys from the session's exporter secret (RFC 8446 §7.5); nobody else can. Each
+    /// direction also exports the secret its key rotations ratchet from (its own label, so it
+    /// is unrelated to the keys); neither rotates until [`Protection::set_rekey`]. The exported
+    /// bytes are zeroized once the schedules have their copies.
     pub fn from_tls<D>(
         conn: &rustls::ConnectionCommon<D>,
         side: Side,
         cipher: Cipher,
     ) -> Result<Protection, rustls::Error> {
-        let mut mine = Zeroizing::new([0u8; KEY_LEN]);
-        conn.export_keying_material(&mut mine[..], KEY_LABEL, Some(key_context(side)))?;
-        let mut theirs = Zeroizing::new([0u8; KEY_LEN]);
-        conn.export_keying_material(&mut theirs[..], KEY_LABEL, Some(key_context(side.peer())))?;
+        let export =
+            |label: &[u8], sender: Side| -> Result<Zeroizing<[u8; KEY_LEN]>, rustls::Error> {
+                let mut out = Zeroizing::new([0u8; KEY_LEN]);
+                conn.export_keying_material(&mut out[..], label, Some(key_context(sender)))?;
+                Ok(out)
+            };
+        let (mine, theirs) = (export(KEY_LABEL, side)?, export(KEY_LABEL, side.peer())?);
+        let (mine_next, theirs_next) = (
+            export(RATCHET_LABEL, side)?,
+            export(RATCHET_LABEL, side.peer())?,
+        );
         Ok(Protection {
-            sealer: Sealer::new(cipher, &mine),
-            opener: Opener::new(cipher, &theirs),
+            sealer: Sealer::with_ratchet(cipher, &mine, mine_next),
+            opener: Opener::with_ratchet(cipher, &theirs, theirs_next),
         })
     }
 }
@@ -979,6 +1017,9 @@ impl Side {
 
 /// The exporter label of the payload keys (distinct from the confirmation tokens').
 pub(crate) const KEY_LABEL: &[u8] = b"EXPORTER-secure-rdma-payload-key";
+
+/// The exporter label of the secrets the payload keys ratchet from when they rotate.
+pub(crate) const RATCHET_LABEL: &[u8] = b"EXPORTER-secure-rdma-key-update";
 
 /// The exporter context of the key for messages sent by `sender`.
 pub(crate) fn key_context(sender: Side) -> &'static [u8] {
@@ -1362,31 +1403,39 @@ mod tests {
 
     #[test]
     fn every_epoch_has_its_own_key_and_secret() {
-        let mut r = Ratchet::new(Cipher::Aes256Gcm, &[0x42; KEY_LEN]);
+        let key0 = [0x42; KEY_LEN];
+        let mut r = Ratchet::new(Cipher::Aes256Gcm, &key0, ratchet_from_key(&key0));
         let mut seen = std::collections::HashSet::new();
-        assert!(seen.insert(*r.secret));
+        assert!(seen.insert(key0));
+        assert!(seen.insert(*r.next_secret));
         for _ in 0..1000 {
+            // The key each secret gives, and the secret after it: never one seen before.
+            let key_bytes = expand_label(&r.next_secret, b"key");
+            assert!(
+                seen.insert(*key_bytes),
+                "a key came back at epoch {}",
+                r.epoch + 1
+            );
             r = r.next();
             assert!(
-                seen.insert(*r.secret),
+                seen.insert(*r.next_secret),
                 "a secret came back at epoch {}",
                 r.epoch
             );
         }
-        // The key is derived, not the secret itself.
-        let key_bytes = expand_label(&r.secret, b"key");
-        assert_ne!(*key_bytes, *r.secret);
     }
 
     #[test]
     fn an_ended_epochs_secret_is_zeroized() {
-        let secret = [0x42u8; KEY_LEN];
-        let mut slot = std::mem::ManuallyDrop::new(Ratchet::new(Cipher::Aes256Gcm, &secret));
-        let at: *const [u8; KEY_LEN] = &*slot.secret;
+        let key0 = [0x42u8; KEY_LEN];
+        let secret = ratchet_from_key(&key0);
+        let mut slot =
+            std::mem::ManuallyDrop::new(Ratchet::new(Cipher::Aes256Gcm, &key0, secret.clone()));
+        let at: *const [u8; KEY_LEN] = &*slot.next_secret;
         // SAFETY: `at` points into `slot`, which stays allocated (ManuallyDrop keeps its storage
         // after its contents are dropped in place); a [u8; 32] has no invalid values.
         let before = unsafe { std::ptr::read_volatile(at) };
-        assert_eq!(before, secret);
+        assert_eq!(before, *secret);
         unsafe { std::ptr::drop_in_place(&mut *slot) };
         let after = unsafe { std::ptr::read_volatile(at) };
         assert_eq!(after, [0u8; KEY_LEN], "the secret survived its epoch");

@@ -20,10 +20,10 @@ use super::accept::Outcome;
 use super::streams::{ClaimError, StreamLease};
 use super::{ServerChannel, Shared};
 use crate::handshake::{
-    Channel, HandshakeError, Message, RejectReason, Resume, RDMA_ACKS, VERSION,
+    Channel, HandshakeError, Message, RejectReason, Resume, KEY_ROTATION, RDMA_ACKS, VERSION,
 };
 use crate::metrics::{self, HandshakeOutcome, ServerMetrics};
-use crate::protect::{Protection, Side};
+use crate::protect::{Protection, RekeyPolicy, Side};
 use crate::quota::{TenantInfo, TenantQuota};
 use crate::session::{Secrets, SessionAdmission, SessionConfig};
 use crate::tls;
@@ -314,6 +314,21 @@ pub(super) async fn admit(
         .iter()
         .any(|c| c == RDMA_ACKS)
         .then_some(RDMA_WINDOW);
+    // Keys rotate only for a client that follows (an earlier release would fail the first
+    // message of a new epoch at its tag).
+    let rekey = match cipher {
+        Some(_) if hello.capabilities.iter().any(|c| c == KEY_ROTATION) => cfg.rekey,
+        Some(_) => {
+            if !cfg.rekey.is_off() {
+                tracing::info!(
+                    client = %identity,
+                    "the client does not rotate payload keys (an earlier release): one key per direction for its session"
+                );
+            }
+            RekeyPolicy::off()
+        }
+        None => RekeyPolicy::off(),
+    };
     let session_cfg = SessionConfig {
         buffer_size: cfg.buffer_size,
         recv_slots: RDMA_WINDOW,
@@ -358,7 +373,7 @@ pub(super) async fn admit(
         rdma_window: rdma_window.map(|w| w as u32),
         resume: stream.resume.clone(),
         // Only a protected session has keys to rotate.
-        rekey: cipher.map(|_| cfg.rekey),
+        rekey: cipher.map(|_| rekey),
     };
     if chan.send(&accept).await.is_err() {
         counts.handshake(HandshakeOutcome::Failed);
@@ -371,7 +386,7 @@ pub(super) async fn admit(
         Ok(mut secrets) => {
             if let Some(p) = secrets.protection.as_mut() {
                 p.bind_stream(Side::Server, stream.id(), stream.first);
-                p.set_rekey(cfg.rekey);
+                p.set_rekey(rekey);
             }
             secrets
         }
