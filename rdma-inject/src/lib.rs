@@ -8,7 +8,10 @@
 //!   port and any WRITE's rkey/address, then inject the next-PSN SEND or WRITE WITH IMMEDIATE;
 //! * **off-path** ([`plan::Plan::Blind`]): random-PSN guesses at a known QPN;
 //! * **replay** ([`plan::Plan::Replay`]): captured requests again, verbatim or renumbered into a
-//!   live flow.
+//!   live flow;
+//! * **sealed** ([`plan::Plan::Sealed`], module [`sealed`]): secure-rdma's sealed messages, their
+//!   clear header learned from the flow: forgeries, renumbered and reflected messages that only
+//!   the receiver's AEAD tag refuses.
 //!
 //! Everything that decides what goes on the wire is pure and tested on the host; only [`net`]
 //! touches sockets, and [`run`] ties the two together. The PSN arithmetic (next, wrap at 2^24,
@@ -29,9 +32,7 @@
 //! 5. [`report`] — what is printed: one line or JSON object per injected packet, a summary;
 //! 6. [`plan`] — what a run does, checked: a [`plan::Plan`];
 //! 7. [`net`] — the interface and its two AF_PACKET sockets (the only `unsafe` code);
-//! 8. [`run`] — runs a plan: sockets first, then learn, forge, send;
-//! 9. [`sealed`] — secure-rdma's sealed messages: their clear header learned from the flow,
-//!    forgeries that only the AEAD tag refuses, renumbered and reflected messages.
+//! 8. [`run`] — runs a plan: sockets first, then learn, forge, send.
 //!
 //! ```
 //! use rdma_inject::forge::{forge, Injection};

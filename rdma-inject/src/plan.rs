@@ -66,15 +66,6 @@ pub enum Plan {
         /// When to stop even if guesses remain.
         timeout: Duration,
     },
-    /// `--replay`: captured requests again.
-    Replay {
-        /// The capture.
-        file: PathBuf,
-        /// The interface.
-        iface: String,
-        /// Renumber into this live flow; `None`: verbatim.
-        live: Option<LearnOptions>,
-    },
     /// `--sealed-forge`, `--sealed-renumber`, `--reflect`: a sealed-message attack on a live
     /// flow of a payload-protected peer (see [`crate::sealed`]).
     Sealed {
@@ -84,5 +75,14 @@ pub enum Plan {
         attack: SealedAttack,
         /// The header sequence to inject; `None`: the flow's next (last observed + 1).
         seq: Option<u64>,
+    },
+    /// `--replay`: captured requests again.
+    Replay {
+        /// The capture.
+        file: PathBuf,
+        /// The interface.
+        iface: String,
+        /// Renumber into this live flow; `None`: verbatim.
+        live: Option<LearnOptions>,
     },
 }

@@ -74,20 +74,6 @@ pub struct ReplaySummary {
     pub elapsed_ms: u64,
 }
 
-/// A run's summary.
-#[derive(Clone, Debug, Serialize)]
-#[serde(tag = "mode", rename_all = "snake_case")]
-pub enum Summary {
-    /// [`Plan::Observe`](crate::plan::Plan::Observe).
-    Observe(ObserveSummary),
-    /// [`Plan::Blind`](crate::plan::Plan::Blind).
-    Blind(BlindSummary),
-    /// [`Plan::Replay`](crate::plan::Plan::Replay).
-    Replay(ReplaySummary),
-    /// [`Plan::Sealed`](crate::plan::Plan::Sealed).
-    Sealed(SealedSummary),
-}
-
 /// The sealed-message attacks' summary.
 #[derive(Clone, Debug, Serialize)]
 pub struct SealedSummary {
@@ -107,6 +93,20 @@ pub struct SealedSummary {
     pub sealed: crate::sealed::SealedReport,
     /// Milliseconds from start to the end.
     pub elapsed_ms: u64,
+}
+
+/// A run's summary.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Summary {
+    /// [`Plan::Observe`](crate::plan::Plan::Observe).
+    Observe(ObserveSummary),
+    /// [`Plan::Blind`](crate::plan::Plan::Blind).
+    Blind(BlindSummary),
+    /// [`Plan::Sealed`](crate::plan::Plan::Sealed).
+    Sealed(SealedSummary),
+    /// [`Plan::Replay`](crate::plan::Plan::Replay).
+    Replay(ReplaySummary),
 }
 
 /// `{"injected": …}`, fields in declaration order.
@@ -234,20 +234,6 @@ impl<W: Write> Reporter<W> {
                         (true, None) => ", stopped by the timeout".to_owned(),
                     }
                 )?,
-                Summary::Replay(r) => writeln!(
-                    self.out,
-                    "replay {}: {} of {} requests sent on {} ({}) in {} ms",
-                    r.file.display(),
-                    r.injected,
-                    r.requests_in_file,
-                    r.iface,
-                    if r.renumbered {
-                        "renumbered into the live flow"
-                    } else {
-                        "verbatim"
-                    },
-                    r.elapsed_ms
-                )?,
                 Summary::Sealed(x) => writeln!(
                     self.out,
                     "sealed {} on {}: injected sequence {} ({} bytes, epoch {}) after {} sealed \
@@ -262,6 +248,20 @@ impl<W: Write> Reporter<W> {
                         .observed
                         .map_or("none".to_owned(), |h| h.seq.to_string()),
                     x.elapsed_ms
+                )?,
+                Summary::Replay(r) => writeln!(
+                    self.out,
+                    "replay {}: {} of {} requests sent on {} ({}) in {} ms",
+                    r.file.display(),
+                    r.injected,
+                    r.requests_in_file,
+                    r.iface,
+                    if r.renumbered {
+                        "renumbered into the live flow"
+                    } else {
+                        "verbatim"
+                    },
+                    r.elapsed_ms
                 )?,
             }
         }

@@ -216,10 +216,10 @@ pub fn run<W: Write>(plan: &Plan, rep: &mut Reporter<W>) -> Result<(), RunError>
             };
             blind(&sender, &spec, *guesses, *seed, *timeout, rep)
         }
-        Plan::Replay { file, iface, live } => replay(file, iface, live.as_ref(), rep),
         Plan::Sealed { learn, attack, seq } => {
             crate::sealed_run::run_sealed(learn, attack, *seq, rep)
         }
+        Plan::Replay { file, iface, live } => replay(file, iface, live.as_ref(), rep),
     }
 }
 

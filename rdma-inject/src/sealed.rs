@@ -318,8 +318,9 @@ impl SealedLearner {
                 if let Some(h) = sealed_in(p) {
                     self.sealed_seen += 1;
                     // Only a packet that moved the PSN forward moves the sequence: a
-                    // retransmission carries an older one.
-                    if advanced && self.last.is_none_or(|l| h.seq >= l.seq) {
+                    // retransmission carries an older one. The PSN decides, not the sequence,
+                    // so a sender that numbers anew (a new key epoch) is followed too.
+                    if advanced {
                         self.last = Some(h);
                     }
                 }
@@ -553,6 +554,10 @@ mod tests {
         assert_eq!(l.reverse_with_seq(3).map(|m| &m.frame), Some(&c3));
         assert_eq!(l.reverse_with_seq(2).map(|m| &m.frame), Some(&c2));
         assert!(l.reverse_with_seq(4).is_none());
+        // The PSN decides: a sender that numbers anew is followed.
+        feed(&mut l, &send(A, B, 0x12, 503, sealed(OP_SEND, 1, 13)));
+        assert_eq!(l.next_seq(), Some(2));
+        assert_eq!(l.last().map(|h| h.epoch), Some(3));
         // Bounded.
         for i in 0..2 * MAX_REVERSE as u64 {
             feed(&mut l, &send(B, A, 0x11, 9002, sealed(OP_SEND, 10 + i, 1)));

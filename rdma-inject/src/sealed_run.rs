@@ -127,6 +127,7 @@ pub(crate) fn run_sealed<W: Write>(
                         &learner, opts, attack, seq, &counts,
                     ))));
                 };
+                // Unreachable in practice: the frame decoded when it was kept.
                 let p = roce::decode_ethernet(&m.frame).map_err(|e| RunError::File {
                     what: "decoding the reflected frame",
                     path: opts.iface.clone().into(),

@@ -146,7 +146,6 @@ pub(super) async fn serve_session(
                         // client never sent, so its next message would be dropped as a
                         // duplicate: end the session and tell the client why.
                         metrics.auth_failure(&identity);
-                        metrics.auth_failure_check(e.check());
                         tracing::warn!(
                             client = %identity,
                             detail = %e,
@@ -154,6 +153,7 @@ pub(super) async fn serve_session(
                             failures = metrics.auth_failures_total(),
                             "RDMA message failed authentication (forged, replayed or corrupted); tearing the session down"
                         );
+                        metrics.auth_failure_check(e.check());
                         let abort = Message::Abort { reason: AbortReason::AuthenticationFailed };
                         let _ = send_within(&mut chan, &abort, courtesy).await;
                         break "RDMA message failed authentication".to_owned();

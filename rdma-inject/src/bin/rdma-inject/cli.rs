@@ -57,6 +57,10 @@ Modes:
       rdma-inject --replay msg.pcap --iface veth-b
       rdma-inject --replay msg.pcap --observe veth-b --dst 10.77.0.1
 
+Output: one line per injected packet and a summary on stdout; with --json one object per
+injected packet ({\"injected\": {\"opcode\", \"dst_qpn\", \"psn\", \"bytes\", \"payload_len\"}})
+and a final {\"summary\": {...}}. Progress goes to stderr.
+
 Sealed messages (secure-rdma's payload protection: a 16-byte clear header with version 2,
 operation, epoch, lane, sequence and length, then ciphertext and a 16-byte tag). With
 --observe, the flow's sealed header is learned from every SEND and WRITE with immediate
@@ -80,10 +84,6 @@ operation, epoch, lane, sequence and length, then ciphertext and a 16-byte tag).
                        then push it back unchanged into --dst's QP at the flow's next PSN
                        (observe the responder's link, e.g. veth-a to reach 10.77.0.2).
       rdma-inject --observe veth-a --dst 10.77.0.2 --reflect
-
-Output: one line per injected packet and a summary on stdout; with --json one object per
-injected packet ({\"injected\": {\"opcode\", \"dst_qpn\", \"psn\", \"bytes\", \"payload_len\"}})
-and a final {\"summary\": {...}}. Progress goes to stderr.
 
 Exit codes: 0 done, 1 error, 2 usage, 3 no CAP_NET_RAW, 4 nothing learned before --timeout.";
 
@@ -247,6 +247,9 @@ pub enum CliError {
     /// No mode given.
     #[error("choose a mode: --observe IFACE, --blind or --replay FILE.pcap (see --help)")]
     NoMode,
+    /// `--sealed-seq` without a sealed mode.
+    #[error("--sealed-seq is for --sealed-forge, --sealed-renumber and --reflect")]
+    StraySealedSeq,
     /// `--blind` without one of the values it needs.
     #[error("--blind needs --iface, --src, --dst, --dst-mac, --qpn and --guesses: {0} is missing")]
     BlindMissing(&'static str),
@@ -278,9 +281,6 @@ pub enum CliError {
     /// `--iface` given where it means nothing.
     #[error("--iface is for --blind and --replay; --observe names its interface itself")]
     StrayIface,
-    /// `--sealed-seq` without a sealed mode.
-    #[error("--sealed-seq is for --sealed-forge, --sealed-renumber and --reflect")]
-    StraySealedSeq,
 }
 
 impl Cli {
@@ -289,13 +289,13 @@ impl Cli {
     pub fn plan(&self) -> Result<Plan, CliError> {
         let timeout = Duration::from_secs(self.timeout);
         for (flag, len) in [
-            ("--send", self.send.as_ref().map(String::len)),
-            ("--send-hex", self.send_hex.as_ref().map(|b| b.0.len())),
-            ("--write-imm", self.write_imm.as_ref().map(String::len)),
             (
                 "--sealed-text",
                 self.sealed_text.as_ref().map(|t| t.len() + OVERHEAD),
             ),
+            ("--send", self.send.as_ref().map(String::len)),
+            ("--send-hex", self.send_hex.as_ref().map(|b| b.0.len())),
+            ("--write-imm", self.write_imm.as_ref().map(String::len)),
         ] {
             if let Some(len) = len.filter(|&l| l > MAX_PAYLOAD) {
                 return Err(CliError::PayloadTooLong { flag, len });
@@ -376,6 +376,15 @@ impl Cli {
             Some(_) => return Err(CliError::StrayIface),
             None => {}
         }
+        let injection = match (&self.send, &self.send_hex, &self.write_imm) {
+            (Some(t), _, _) => Some(Injection::Send(t.clone().into_bytes())),
+            (None, Some(bytes), _) => Some(Injection::Send(bytes.0.clone())),
+            (None, None, Some(t)) => Some(Injection::WriteImm {
+                data: t.clone().into_bytes(),
+                imm: self.imm,
+            }),
+            (None, None, None) => None,
+        };
         let sealed = match (self.sealed_forge, &self.sealed_renumber, self.reflect) {
             (true, _, _) => Some(SealedAttack::Forge {
                 text: self.sealed_text.clone().map(String::into_bytes),
@@ -394,15 +403,6 @@ impl Cli {
         if self.sealed_seq.is_some() {
             return Err(CliError::StraySealedSeq);
         }
-        let injection = match (&self.send, &self.send_hex, &self.write_imm) {
-            (Some(t), _, _) => Some(Injection::Send(t.clone().into_bytes())),
-            (None, Some(bytes), _) => Some(Injection::Send(bytes.0.clone())),
-            (None, None, Some(t)) => Some(Injection::WriteImm {
-                data: t.clone().into_bytes(),
-                imm: self.imm,
-            }),
-            (None, None, None) => None,
-        };
         Ok(Plan::Observe {
             learn: learn(observe),
             injection,
