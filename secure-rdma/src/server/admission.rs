@@ -316,19 +316,13 @@ pub(super) async fn admit(
         .then_some(RDMA_WINDOW);
     // Keys rotate only for a client that follows (an earlier release would fail the first
     // message of a new epoch at its tag).
-    let rekey = match cipher {
-        Some(_) if hello.capabilities.iter().any(|c| c == KEY_ROTATION) => cfg.rekey,
-        Some(_) => {
-            if !cfg.rekey.is_off() {
-                tracing::info!(
-                    client = %identity,
-                    "the client does not rotate payload keys (an earlier release): one key per direction for its session"
-                );
-            }
-            RekeyPolicy::off()
-        }
-        None => RekeyPolicy::off(),
-    };
+    let rekey = session_rekey(cipher.is_some(), &hello.capabilities, cfg.rekey);
+    if cipher.is_some() && rekey.is_off() && !cfg.rekey.is_off() {
+        tracing::info!(
+            client = %identity,
+            "the client does not rotate payload keys (an earlier release): one key per direction for its session"
+        );
+    }
     let session_cfg = SessionConfig {
         buffer_size: cfg.buffer_size,
         recv_slots: RDMA_WINDOW,
@@ -440,4 +434,33 @@ where
     let _ = tokio::time::timeout(courtesy, chan.send(&Message::Reject { reason })).await;
     let _ = tokio::time::timeout(courtesy, chan.close()).await;
     Outcome::Rejected
+}
+
+/// The rotation policy of a session: the server's, when payloads are protected and the client
+/// lists [`KEY_ROTATION`]; never otherwise (no keys, or a client of an earlier release, which
+/// would fail the first message of a new epoch at its tag).
+fn session_rekey(protected: bool, capabilities: &[String], server: RekeyPolicy) -> RekeyPolicy {
+    if protected && capabilities.iter().any(|c| c == KEY_ROTATION) {
+        server
+    } else {
+        RekeyPolicy::off()
+    }
+}
+
+#[cfg(test)]
+mod rekey_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_protected_client_that_follows_gets_the_servers_rotation() {
+        let policy = RekeyPolicy::default().with_messages(100);
+        let new: Vec<String> = crate::handshake::CAPABILITIES
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        let earlier: Vec<String> = new.iter().filter(|c| *c != KEY_ROTATION).cloned().collect();
+        assert_eq!(session_rekey(true, &new, policy), policy);
+        assert!(session_rekey(true, &earlier, policy).is_off());
+        assert!(session_rekey(false, &new, policy).is_off());
+    }
 }
