@@ -13,6 +13,7 @@ use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
 use secure_rdma::metrics::ServerMetrics;
 use secure_rdma::quota::spiffe::SpiffeId;
+use secure_rdma::protect::RekeyPolicy;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Limits, PrefixLengths, ProtectionPolicy, Server, ServerConfig};
 use secure_rdma::tls::IdentitySource;
@@ -194,7 +195,20 @@ struct Opts {
     /// --certs; none when --ca, --cert and --key are all given without --certs]
     #[arg(long, value_name = "FILE")]
     crl: Option<PathBuf>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, identity, trust-domain, ca, cert, key, crl)
+    /// Rotate each direction's payload key after this many messages under one key (a fresh key
+    /// derived from the previous one; the client follows, nothing is lost); 0 turns this
+    /// threshold off [default: 16777216 (2^24), inside the AES-GCM usage limits]
+    #[arg(long, value_name = "MESSAGES")]
+    rekey_after: Option<u64>,
+    /// Rotate each direction's payload key after this many payload bytes under one key; 0 turns
+    /// this threshold off [default: 4294967296 (4 GiB, 2^32)]
+    #[arg(long, value_name = "BYTES")]
+    rekey_after_bytes: Option<u64>,
+    /// Rotate each direction's payload key once it is this many seconds old (at its next
+    /// message); 0 turns this threshold off. All three at 0: keys never rotate [default: 3600]
+    #[arg(long, value_name = "SECS")]
+    rekey_after_seconds: Option<u64>,
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -565,9 +579,32 @@ async fn serve(flags: Opts) -> Result<()> {
         .with_poll(flags.poll.or(file.poll).unwrap_or_default())
         .with_resume_window(Duration::from_secs(
             flags.resume_window.or(file.resume_window).unwrap_or(120),
-        ));
+        ))
+        .with_rekey(
+            RekeyPolicy::default()
+                .with_messages(
+                    (flags.rekey_after.or(file.rekey_after))
+                        .unwrap_or(RekeyPolicy::DEFAULT_MESSAGES),
+                )
+                .with_bytes(
+                    (flags.rekey_after_bytes.or(file.rekey_after_bytes))
+                        .unwrap_or(RekeyPolicy::DEFAULT_BYTES),
+                )
+                .with_seconds(
+                    (flags.rekey_after_seconds.or(file.rekey_after_seconds))
+                        .unwrap_or(RekeyPolicy::DEFAULT_SECONDS),
+                ),
+        );
     // The server's counts, shared with telemetry (started before the server binds).
     let server_metrics = ServerMetrics::default();
+    // Without payload protection there are no keys to rotate.
+    if !config.protection.ciphers.is_empty() {
+        if config.rekey.is_off() {
+            tracing::warn!("payload keys never rotate (--rekey-after, --rekey-after-bytes and --rekey-after-seconds all 0): a long session can pass the AEAD usage limits");
+        } else {
+            tracing::info!(rekey = %config.rekey, "payload keys rotate");
+        }
+    }
     if config.protection.ciphers.is_empty() {
         tracing::warn!("payload protection is OFF (--no-payload-protection): an on-path attacker can forge, replay and read RDMA messages");
     }

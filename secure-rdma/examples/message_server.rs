@@ -16,6 +16,10 @@
 //! each operation once while the server runs, and this makes it once across a
 //! restart too, where a client sends its unacknowledged operations again
 //! flagged as possibly delivered. `--ids` prints each delivery's sequence.
+//!
+//! `--rekey-after`, `--rekey-after-bytes` and `--rekey-after-seconds` set when the payload
+//! keys rotate (as `secure-server`'s flags do); the summary at the end says how many times
+//! they did, per direction.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -23,6 +27,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use secure_rdma::metrics::{KeyDirection, ServerMetrics};
+use secure_rdma::protect::RekeyPolicy;
 use secure_rdma::server::{render, Delivery, Server, ServerConfig};
 
 /// Receives messages over secure RDMA and prints them.
@@ -44,6 +50,17 @@ struct Args {
     /// Print each delivery's stream sequence: `identity #SEQ: "content"`
     #[arg(long)]
     ids: bool,
+    /// Rotate each direction's payload key after this many messages under one key (0: no
+    /// message threshold) [default: the library's, 2^24]
+    #[arg(long, value_name = "MESSAGES")]
+    rekey_after: Option<u64>,
+    /// Rotate after this many payload bytes under one key (0: no byte threshold) [default:
+    /// 2^32]
+    #[arg(long, value_name = "BYTES")]
+    rekey_after_bytes: Option<u64>,
+    /// Rotate once a key is this many seconds old (0: no time threshold) [default: 3600]
+    #[arg(long, value_name = "SECS")]
+    rekey_after_seconds: Option<u64>,
 }
 
 /// The last sequence taken per (identity, stream), kept in a file: one line
@@ -111,9 +128,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Delivery>(usize::from(args.capacity));
-    let server = Server::bind(ServerConfig::new(args.listen, &args.certs))
+    let default = RekeyPolicy::default();
+    let rekey = default
+        .with_messages(args.rekey_after.unwrap_or(default.messages))
+        .with_bytes(args.rekey_after_bytes.unwrap_or(default.bytes))
+        .with_seconds(args.rekey_after_seconds.unwrap_or(default.seconds));
+    let metrics = ServerMetrics::default();
+    let server = Server::bind(ServerConfig::new(args.listen, &args.certs).with_rekey(rekey))
         .await?
-        .with_handler(tx);
+        .with_handler(tx)
+        .with_metrics(metrics.clone());
     println!("message_server listening on {}", server.local_addr()?);
     let serving = tokio::spawn(server.run(shutdown()));
 
@@ -152,6 +176,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (identity, (messages, bytes)) in counts {
         println!("{identity}: {messages} messages, {bytes} bytes");
     }
+    println!(
+        "key rotations ({rekey}): send {}, receive {}",
+        metrics.key_rotations(KeyDirection::Send),
+        metrics.key_rotations(KeyDirection::Receive)
+    );
     Ok(())
 }
 

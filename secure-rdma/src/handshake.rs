@@ -34,7 +34,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::datapath::{AbortReason, Ack, AckStatus, Op, StreamId};
-use crate::protect::Cipher;
+use crate::protect::{Cipher, RekeyPolicy};
 use crate::psn::{Psn, Qpn};
 use crate::verbs::{Gid, PathMtu, RemoteBuffer};
 
@@ -242,12 +242,19 @@ impl From<AckRecord> for Ack {
 }
 
 /// Capabilities this implementation offers in its hello.
-pub const CAPABILITIES: [&str; 4] = [
+pub const CAPABILITIES: [&str; 5] = [
     "send",
     "write-with-imm",
     "confirm-token",
     "payload-protection",
+    KEY_ROTATION,
 ];
+
+/// The capability of a client that follows and applies key rotation: the
+/// server rotates the payload keys of its session by its policy, announced
+/// in [`Message::Accept`]'s `rekey`. A client without it (an earlier release)
+/// keeps one key per direction, as it expects.
+pub const KEY_ROTATION: &str = "key-rotation";
 
 /// The capability a client lists in its hello to have its operations
 /// acknowledged over RDMA instead of TLS: the streaming data path. The server
@@ -363,6 +370,11 @@ pub enum Message {
         /// What the server knows of the client's stream.
         #[serde(default)]
         resume: Resume,
+        /// When each direction's payload key rotates (with a cipher): the client applies it
+        /// to what it sends, as the server does. Absent: never (a server of an earlier
+        /// release, which follows no epoch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rekey: Option<RekeyPolicy>,
     },
     /// The server refuses the client.
     Reject {
@@ -492,6 +504,8 @@ pub enum Verdict {
         rdma_window: Option<u32>,
         /// What the server knows of the client's stream.
         resume: Resume,
+        /// When the payload keys rotate; `None`: never.
+        rekey: Option<RekeyPolicy>,
     },
     /// Refused, with the reason.
     Rejected(RejectReason),
@@ -576,12 +590,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 cipher,
                 rdma_window,
                 resume,
+                rekey,
             } => Ok(Verdict::Accepted {
                 buffer_size,
                 identity,
                 cipher,
                 rdma_window,
                 resume,
+                rekey,
             }),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
@@ -832,6 +848,7 @@ mod tests {
             cipher: Some(Cipher::ChaCha20Poly1305),
             rdma_window: None,
             resume: Resume::New,
+            rekey: None,
         })
         .unwrap();
         assert_eq!(
@@ -842,6 +859,49 @@ mod tests {
         let old: Message =
             serde_json::from_str(r#"{"type":"hello","version":1,"capabilities":[]}"#).unwrap();
         assert!(matches!(old, Message::Hello { ciphers, .. } if ciphers.is_empty()));
+    }
+
+    #[test]
+    fn the_rekey_policy_round_trips_through_the_accept() {
+        let policy = RekeyPolicy::default()
+            .with_messages(100)
+            .with_bytes(0)
+            .with_seconds(7);
+        let accept = Message::Accept {
+            buffer_size: 4096,
+            identity: "alice".into(),
+            cipher: Some(Cipher::Aes256Gcm),
+            rdma_window: None,
+            resume: Resume::New,
+            rekey: Some(policy),
+        };
+        let json = serde_json::to_string(&accept).unwrap();
+        assert!(
+            json.ends_with(r#","rekey":{"messages":100,"bytes":0,"seconds":7}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Message>(&json).unwrap(), accept);
+        // Over a channel, as the client receives it.
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (mut server, mut client) = (Channel::new(a), Channel::new(b));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let verdict = rt.block_on(async {
+            server.send(&accept).await.unwrap();
+            client.expect_verdict().await.unwrap()
+        });
+        assert!(matches!(verdict, Verdict::Accepted { rekey: Some(p), .. } if p == policy));
+        // An accept without the field (a server of an earlier release) rotates nothing, and a
+        // policy missing a threshold has it off.
+        let old: Message = serde_json::from_str(
+            r#"{"type":"accept","buffer_size":64,"identity":"a","cipher":"aes-256-gcm"}"#,
+        )
+        .unwrap();
+        assert!(matches!(old, Message::Accept { rekey: None, .. }));
+        let partial: RekeyPolicy = serde_json::from_str(r#"{"messages":5}"#).unwrap();
+        assert_eq!(partial, RekeyPolicy::off().with_messages(5));
     }
 
     #[test]

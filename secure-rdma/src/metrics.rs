@@ -23,6 +23,7 @@
 //! | `secure_rdma_operations_replayed_total` | counter | |
 //! | `secure_rdma_duplicates_suppressed_total` | counter | |
 //! | `secure_rdma_streams_expired_total` | counter | |
+//! | `secure_rdma_key_rotations_total` | counter | `direction` (`send`: the server's keys; `receive`: the clients') |
 //! | `secure_rdma_auth_failures_by_check_total` | counter | `check` ([`AUTH_CHECKS`]: which check of the receiver refused it; `tag` is the AEAD tag) |
 //! | `secure_rdma_pre_auth_failures_total` | counter | `reason` ([`PreAuthFailure`]) |
 //! | `secure_rdma_pre_auth_log_suppressed_total` | counter | |
@@ -197,6 +198,27 @@ impl PreAuthFailure {
     }
 }
 
+/// Which direction of a session a payload key protects (the `direction` label of
+/// `secure_rdma_key_rotations_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyDirection {
+    /// What the server seals (its acknowledgements over RDMA).
+    Send,
+    /// What the server opens (its clients' operations).
+    Receive,
+}
+
+impl KeyDirection {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            KeyDirection::Send => "send",
+            KeyDirection::Receive => "receive",
+        }
+    }
+}
+
 /// The RDMA steps the server times (the `verb` label of
 /// `secure_rdma_verb_duration_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -221,6 +243,11 @@ impl TimedVerb {
             TimedVerb::PostSend => "post_send",
         }
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -291,6 +318,7 @@ pub struct ServerMetrics {
     operations_replayed: Counter,
     duplicates_suppressed: Counter,
     streams_expired: Counter,
+    key_rotations: Family<DirectionLabels, Counter>,
     auth_failure_checks: Family<CheckLabels, Counter>,
     pre_auth_failures: Family<ReasonLabels, Counter>,
     pre_auth_log_suppressed: Counter,
@@ -325,6 +353,7 @@ impl Default for ServerMetrics {
             operations_replayed: Counter::default(),
             duplicates_suppressed: Counter::default(),
             streams_expired: Counter::default(),
+            key_rotations: Family::default(),
             auth_failure_checks: Family::default(),
             pre_auth_failures: Family::default(),
             pre_auth_log_suppressed: Counter::default(),
@@ -332,6 +361,13 @@ impl Default for ServerMetrics {
             cert_reload_failures: Family::default(),
             sessions_ended_by_cert: Family::default(),
         };
+        for direction in ["send", "receive"] {
+            drop(
+                metrics
+                    .key_rotations
+                    .get_or_create(&DirectionLabels { direction }),
+            );
+        }
         for check in AUTH_CHECKS {
             drop(
                 metrics
@@ -483,10 +519,45 @@ impl ServerMetrics {
             self.pre_auth_log_suppressed.clone(),
         );
         registry.register(
+            "secure_rdma_key_rotations",
+            "Payload key rotations (a session's key moving to its next epoch), by direction: send for the server's own keys, receive for its clients'",
+            self.key_rotations.clone(),
+        );
+        registry.register(
             "secure_rdma_auth_failures_by_check",
             "RDMA messages that failed authentication, by the receiver's check that refused them (tag: the AEAD tag)",
             self.auth_failure_checks.clone(),
         );
+    }
+
+    /// Counts `n` payload key rotations of sessions' `direction`: `send` (what the server
+    /// seals) or `receive` (what it opens).
+    pub fn key_rotated(&self, direction: KeyDirection, n: u64) {
+        if n > 0 {
+            self.key_rotations
+                .get_or_create(&DirectionLabels {
+                    direction: direction.label(),
+                })
+                .inc_by(n);
+        }
+    }
+
+    /// Payload key rotations so far in `direction`, over all sessions.
+    ///
+    /// ```
+    /// use secure_rdma::metrics::{KeyDirection, ServerMetrics};
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.key_rotated(KeyDirection::Receive, 3);
+    /// assert_eq!(metrics.key_rotations(KeyDirection::Receive), 3);
+    /// assert_eq!(metrics.key_rotations(KeyDirection::Send), 0);
+    /// ```
+    pub fn key_rotations(&self, direction: KeyDirection) -> u64 {
+        self.key_rotations
+            .get_or_create(&DirectionLabels {
+                direction: direction.label(),
+            })
+            .get()
     }
 
     /// Counts which check refused a message that failed authentication (`check`: one of

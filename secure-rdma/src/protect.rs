@@ -6,7 +6,15 @@
 //! the two ends exchange over RDMA is sealed with an AEAD whose keys only they hold:
 //!
 //! - **Keys**: one per direction, from the TLS session's exporter (RFC 8446 §7.5) with their own
-//!   label, so they are unrelated to the confirmation tokens and new for every session.
+//!   label, so they are unrelated to the confirmation tokens and new for every session: the key
+//!   of epoch 0. Each direction also exports, under another label, the secret its later keys
+//!   ratchet from, as TLS 1.3's KeyUpdate does (RFC 8446 §7.2): `key_n = HKDF-Expand-Label(
+//!   secret_n, "key")`, `secret_n+1 = HKDF-Expand-Label(secret_n, "traffic upd")` (SHA-256, our
+//!   own label prefix). The sender moves to the next epoch when its [`RekeyPolicy`] says so
+//!   (messages, bytes or seconds under one key); the epoch travels in the header, and the
+//!   receiver follows it (see [Key rotation](#key-rotation)). Epoch 0's key is what it was before
+//!   keys rotated, so a peer of an earlier release interoperates as long as nothing rotates
+//!   (the server rotates nothing for a client that does not list [`crate::handshake::KEY_ROTATION`]).
 //! - **Nonce**: the direction's 64-bit message sequence number, never reused under a key: a
 //!   [`Sealer`] refuses to seal once the sequence would wrap. Client to server it is the
 //!   operation's sequence in the client's [stream](crate::datapath::StreamId), which goes on
@@ -21,14 +29,39 @@
 //!   |---|---|
 //!   | 0 | version, 2 (a version 1 header is refused as [`AuthError::Version`]) |
 //!   | 1 | operation: 1 SEND, 2 WRITE |
-//!   | 2 | key epoch (0 until keys rotate) |
+//!   | 2 | key epoch, its low 8 bits ([key rotation](#key-rotation)) |
 //!   | 3 | lane (0 until a session has several QPs) |
 //!   | 4..12 | sequence, u64 big endian (also the nonce) |
 //!   | 12..16 | plaintext length, u32 big endian |
-//! - **Receiving**: [`Opener::open`] checks the header, that the sequence is exactly the next
-//!   one (RC delivers in order, so anything else is a replay or a forgery), and the tag, before
-//!   a byte of plaintext is released. A failure is an [`AuthError`]; the session that sees one
+//! - **Receiving**: [`Opener::open`] checks the header, the key epoch (the current one or the
+//!   next), that the sequence is exactly the next one (RC delivers in order, so anything else is
+//!   a replay or a forgery), and the tag, before a byte of plaintext is released. A failure is an [`AuthError`]; the session that sees one
 //!   must be torn down, since its QP has accepted a packet the peer never sent.
+//!
+//! # Key rotation
+//!
+//! A [`Sealer`] rotates before sealing a message when any threshold of its [`RekeyPolicy`] is
+//! reached (the seconds are the age of the current key, looked at when the next message is
+//! sealed: an idle key seals nothing). The message is sealed under the new epoch, and an
+//! [`Opener`] that sees the next epoch in a header ratchets its own copy of the secret, and
+//! commits to it only once that message's tag verifies: RC delivers in order and a key never
+//! goes back, so the message before a switch is of the old epoch and every message after it of
+//! the new one, and no message is lost at a switch. A message of any earlier epoch is refused
+//! as [`AuthError::EpochEnded`], before its tag is looked at.
+//!
+//! The header's epoch is the low 8 bits of the epoch counter, and the receiver compares it
+//! modulo 256: the only epochs it accepts are the current one and the next, and which key a
+//! byte means is never in doubt, because a sender moves at most one epoch per message. After
+//! 256 rotations the byte repeats but the key does not (every epoch's key comes from a secret
+//! the ratchet never returns to), so a message sealed 256 epochs ago opens under no key this
+//! side holds: its tag fails. The byte only chooses between two keys and names a refusal.
+//!
+//! When an epoch ends, its secret is overwritten with zeros ([`zeroize`]), and so is every
+//! intermediate derived from it that this module holds: who reads this process's memory later
+//! learns nothing of the traffic of ended epochs from our copies. What ring keeps is not ours to
+//! wipe: the expanded AEAD key (AES round keys, or the ChaCha20 key) inside its `LessSafeKey`
+//! and the HMAC state inside an HKDF `Prk` are dropped without being zeroized, so their bytes
+//! stay in freed memory until it is reused.
 //!
 //! AES-256-GCM is chosen where the CPU has AES and carry-less multiply instructions,
 //! ChaCha20-Poly1305 otherwise ([`Cipher::preferred`]); both are ring's.
@@ -51,8 +84,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::time::{Duration, Instant};
+
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use ring::hkdf;
 use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
 
 use crate::datapath::{Op, StreamId};
 
@@ -250,6 +287,236 @@ fn key(cipher: Cipher, bytes: &[u8; KEY_LEN]) -> LessSafeKey {
     LessSafeKey::new(unbound)
 }
 
+/// When a direction's key rotates: after this many messages, plaintext bytes or seconds under
+/// one key, whichever comes first. A threshold of 0 is off; all three off never rotates.
+///
+/// The server sets it ([`ServerConfig::with_rekey`](crate::server::ServerConfig::with_rekey)) and
+/// announces it in its accept; both ends apply it to what they send. The defaults keep each key
+/// far inside the usage limits of AES-256-GCM (draft-irtf-cfrg-aead-limits): at most 2^24
+/// messages and 2^32 bytes per key bound the confidentiality advantage of one key by 2^-72 (see
+/// the README's "Key rotation" for the arithmetic), and no key lives more than an hour.
+///
+/// ```
+/// use secure_rdma::protect::RekeyPolicy;
+///
+/// let policy = RekeyPolicy::default().with_messages(100);
+/// assert_eq!((policy.messages, policy.bytes, policy.seconds), (100, 1 << 32, 3600));
+/// assert!(RekeyPolicy::off().is_off());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RekeyPolicy {
+    /// Messages sealed under one key before the next; 0: no message threshold.
+    #[serde(default)]
+    pub messages: u64,
+    /// Plaintext bytes sealed under one key before the next (a key never exceeds it, except by a
+    /// single message larger than the threshold, sealed alone under its key); 0: no byte
+    /// threshold.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Seconds a key is used before the next (checked when a message is sealed); 0: no time
+    /// threshold.
+    #[serde(default)]
+    pub seconds: u64,
+}
+
+impl Default for RekeyPolicy {
+    /// [`RekeyPolicy::DEFAULT_MESSAGES`], [`RekeyPolicy::DEFAULT_BYTES`] and
+    /// [`RekeyPolicy::DEFAULT_SECONDS`].
+    fn default() -> RekeyPolicy {
+        RekeyPolicy {
+            messages: RekeyPolicy::DEFAULT_MESSAGES,
+            bytes: RekeyPolicy::DEFAULT_BYTES,
+            seconds: RekeyPolicy::DEFAULT_SECONDS,
+        }
+    }
+}
+
+/// Which threshold of a [`RekeyPolicy`] made a key rotate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RekeyTrigger {
+    /// [`RekeyPolicy::messages`].
+    Messages,
+    /// [`RekeyPolicy::bytes`].
+    Bytes,
+    /// [`RekeyPolicy::seconds`].
+    Seconds,
+    /// [`Sealer::rotate`], called by the application.
+    Requested,
+}
+
+impl RekeyTrigger {
+    /// The threshold's name in logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RekeyTrigger::Messages => "messages",
+            RekeyTrigger::Bytes => "bytes",
+            RekeyTrigger::Seconds => "seconds",
+            RekeyTrigger::Requested => "requested",
+        }
+    }
+}
+
+impl RekeyPolicy {
+    /// Default message threshold: 2^24 messages per key.
+    pub const DEFAULT_MESSAGES: u64 = 1 << 24;
+    /// Default byte threshold: 2^32 bytes (4 GiB) per key.
+    pub const DEFAULT_BYTES: u64 = 1 << 32;
+    /// Default time threshold: one hour per key.
+    pub const DEFAULT_SECONDS: u64 = 3600;
+
+    /// No rotation: one key per direction for the whole session (what a peer that announces no
+    /// policy does).
+    pub const fn off() -> RekeyPolicy {
+        RekeyPolicy {
+            messages: 0,
+            bytes: 0,
+            seconds: 0,
+        }
+    }
+
+    /// Sets [`messages`](Self::messages) (0: off).
+    pub fn with_messages(mut self, messages: u64) -> RekeyPolicy {
+        self.messages = messages;
+        self
+    }
+
+    /// Sets [`bytes`](Self::bytes) (0: off).
+    pub fn with_bytes(mut self, bytes: u64) -> RekeyPolicy {
+        self.bytes = bytes;
+        self
+    }
+
+    /// Sets [`seconds`](Self::seconds) (0: off).
+    pub fn with_seconds(mut self, seconds: u64) -> RekeyPolicy {
+        self.seconds = seconds;
+        self
+    }
+
+    /// Whether every threshold is off.
+    pub fn is_off(&self) -> bool {
+        self.messages == 0 && self.bytes == 0 && self.seconds == 0
+    }
+
+    /// Whether a key that sealed `messages` messages of `bytes` bytes and is `age` old must
+    /// rotate before sealing `next_len` more bytes, and which threshold says so.
+    fn due(&self, messages: u64, bytes: u64, next_len: u64, age: Duration) -> Option<RekeyTrigger> {
+        if self.messages > 0 && messages >= self.messages {
+            return Some(RekeyTrigger::Messages);
+        }
+        // A fresh key takes any one message: a message larger than the threshold must still
+        // go, and rotating before it would not make it smaller.
+        if self.bytes > 0 && messages > 0 && bytes.saturating_add(next_len) > self.bytes {
+            return Some(RekeyTrigger::Bytes);
+        }
+        if self.seconds > 0 && age >= Duration::from_secs(self.seconds) {
+            return Some(RekeyTrigger::Seconds);
+        }
+        None
+    }
+}
+
+impl std::fmt::Display for RekeyPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_off() {
+            return f.write_str("never");
+        }
+        let mut parts = Vec::new();
+        if self.messages > 0 {
+            parts.push(format!("{} messages", self.messages));
+        }
+        if self.bytes > 0 {
+            parts.push(format!("{} bytes", self.bytes));
+        }
+        if self.seconds > 0 {
+            parts.push(format!("{} s", self.seconds));
+        }
+        write!(f, "every {}", parts.join(" or "))
+    }
+}
+
+/// The output length of [`expand_label`]: 32 bytes (both our secrets and our keys).
+struct Len32;
+
+impl hkdf::KeyType for Len32 {
+    fn len(&self) -> usize {
+        KEY_LEN
+    }
+}
+
+/// HKDF-Expand-Label (RFC 8446 §7.1) with SHA-256, an empty context and our own prefix in place
+/// of "tls13 " (these are not TLS keys), giving 32 bytes.
+fn expand_label(secret: &[u8; KEY_LEN], label: &[u8]) -> Zeroizing<[u8; KEY_LEN]> {
+    const PREFIX: &[u8] = b"srdma ";
+    // struct { uint16 length; opaque label<7..255>; opaque context<0..255>; } HkdfLabel
+    let length = (KEY_LEN as u16).to_be_bytes();
+    let label_len = [(PREFIX.len() + label.len()) as u8];
+    let info: [&[u8]; 5] = [&length, &label_len, PREFIX, label, &[0u8]];
+    let prk = hkdf::Prk::new_less_safe(hkdf::HKDF_SHA256, secret);
+    let mut out = Zeroizing::new([0u8; KEY_LEN]);
+    // 32 bytes is far below HKDF-SHA256's 255 * 32-byte maximum: neither call can fail.
+    prk.expand(&info, Len32)
+        .and_then(|okm| okm.fill(&mut out[..]))
+        .unwrap_or_else(|_| unreachable!("HKDF-SHA256 expands to 32 bytes"));
+    out
+}
+
+/// One direction's key schedule at one epoch: the epoch's AEAD key, and the secret the next
+/// epoch's key and secret come from. Epoch 0's key is the direction's key as exported; epoch
+/// `n + 1`'s key is `HKDF-Expand-Label(secret, "key")` and the secret after it
+/// `HKDF-Expand-Label(secret, "traffic upd")`, so whoever holds epoch `n`'s state can derive the
+/// keys that follow but none before. Dropping it zeroizes the secret (ring's copy of the key is
+/// ring's: see the [module documentation](self#key-rotation)).
+struct Ratchet {
+    cipher: Cipher,
+    /// The number of rotations so far; the header carries its low 8 bits.
+    epoch: u64,
+    key: LessSafeKey,
+    /// The secret of the next epoch.
+    next_secret: Zeroizing<[u8; KEY_LEN]>,
+}
+
+impl Ratchet {
+    /// Epoch 0 of a direction: its AEAD key, and the secret its first rotation derives from.
+    fn new(
+        cipher: Cipher,
+        key_bytes: &[u8; KEY_LEN],
+        next_secret: Zeroizing<[u8; KEY_LEN]>,
+    ) -> Ratchet {
+        Ratchet {
+            cipher,
+            epoch: 0,
+            key: key(cipher, key_bytes),
+            next_secret,
+        }
+    }
+
+    /// The next epoch's schedule. `self` still holds the secret it came from: the caller drops
+    /// it (zeroizing it) once the next epoch is in use.
+    fn next(&self) -> Ratchet {
+        // The key bytes are zeroized when they drop, once ring has its own copy.
+        let key_bytes = expand_label(&self.next_secret, b"key");
+        Ratchet {
+            cipher: self.cipher,
+            epoch: self.epoch.wrapping_add(1),
+            key: key(self.cipher, &key_bytes),
+            next_secret: expand_label(&self.next_secret, b"traffic upd"),
+        }
+    }
+
+    /// The epoch's byte in a header.
+    fn byte(&self) -> u8 {
+        (self.epoch & 0xff) as u8
+    }
+}
+
+/// The ratchet secret of a direction whose epoch-0 key is `key`, outside a TLS session (tests,
+/// benchmarks): [`Protection::from_tls`] exports it from the session instead.
+fn ratchet_from_key(key: &[u8; KEY_LEN]) -> Zeroizing<[u8; KEY_LEN]> {
+    expand_label(key, b"ratchet")
+}
+
 /// Why sealing failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -272,12 +539,18 @@ pub enum SealError {
     Exhausted,
 }
 
-/// Seals the messages of one direction. Owns the direction's key and next sequence number.
+/// Seals the messages of one direction. Owns the direction's key schedule, its rotation policy
+/// and its next sequence number.
 pub struct Sealer {
-    key: LessSafeKey,
+    ratchet: Ratchet,
     cipher: Cipher,
     next_seq: u64,
     stream: StreamId,
+    policy: RekeyPolicy,
+    /// Messages and plaintext bytes sealed under the current key, and when it took over.
+    epoch_messages: u64,
+    epoch_bytes: u64,
+    epoch_started: Instant,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -286,19 +559,35 @@ impl std::fmt::Debug for Sealer {
         f.debug_struct("Sealer")
             .field("cipher", &self.cipher)
             .field("next_seq", &self.next_seq)
+            .field("epoch", &self.ratchet.epoch)
+            .field("policy", &self.policy)
             .finish()
     }
 }
 
 impl Sealer {
-    /// A sealer whose first message gets sequence 1, bound to the all-zero stream until
-    /// [`Sealer::bind`].
+    /// A sealer whose first key is `key_bytes`, whose first message gets sequence 1, bound to
+    /// the all-zero stream until [`Sealer::bind`], that never rotates until
+    /// [`Sealer::set_policy`]. Its later keys come from a secret derived from `key_bytes`
+    /// (tests, benchmarks); [`Protection::from_tls`] exports that secret from the TLS session.
     pub fn new(cipher: Cipher, key_bytes: &[u8; KEY_LEN]) -> Sealer {
+        Sealer::with_ratchet(cipher, key_bytes, ratchet_from_key(key_bytes))
+    }
+
+    fn with_ratchet(
+        cipher: Cipher,
+        key_bytes: &[u8; KEY_LEN],
+        ratchet: Zeroizing<[u8; KEY_LEN]>,
+    ) -> Sealer {
         Sealer {
-            key: key(cipher, key_bytes),
+            ratchet: Ratchet::new(cipher, key_bytes, ratchet),
             cipher,
             next_seq: 1,
             stream: StreamId([0; 16]),
+            policy: RekeyPolicy::off(),
+            epoch_messages: 0,
+            epoch_bytes: 0,
+            epoch_started: Instant::now(),
         }
     }
 
@@ -308,6 +597,16 @@ impl Sealer {
     pub fn bind(&mut self, stream: StreamId, first: u64) {
         self.stream = stream;
         self.next_seq = first.max(1);
+    }
+
+    /// Rotates the key by `policy` from now on (the current key's use so far counts).
+    pub fn set_policy(&mut self, policy: RekeyPolicy) {
+        self.policy = policy;
+    }
+
+    /// The rotation policy.
+    pub fn policy(&self) -> RekeyPolicy {
+        self.policy
     }
 
     /// The cipher this sealer uses.
@@ -320,8 +619,36 @@ impl Sealer {
         self.next_seq
     }
 
+    /// The current key epoch: how many times the key rotated.
+    pub fn epoch(&self) -> u64 {
+        self.ratchet.epoch
+    }
+
+    /// Moves to the next key now, whatever the policy; the previous epoch's secret is zeroized.
+    /// The peer's [`Opener`] follows with the next message.
+    pub fn rotate(&mut self) {
+        self.rotate_for(RekeyTrigger::Requested);
+    }
+
+    fn rotate_for(&mut self, trigger: RekeyTrigger) {
+        // The old schedule drops here: its secret is zeroized.
+        self.ratchet = self.ratchet.next();
+        tracing::debug!(
+            direction = "send",
+            epoch = self.ratchet.epoch,
+            trigger = trigger.name(),
+            messages = self.epoch_messages,
+            bytes = self.epoch_bytes,
+            "payload key rotated"
+        );
+        self.epoch_messages = 0;
+        self.epoch_bytes = 0;
+        self.epoch_started = Instant::now();
+    }
+
     /// Writes `plaintext`, sealed for `op`, to the front of `out`; returns the bytes written
-    /// (`plaintext.len() + OVERHEAD`). The sequence advances only on success.
+    /// (`plaintext.len() + OVERHEAD`). The key rotates first when the policy says so. The
+    /// sequence advances only on success.
     pub fn seal(&mut self, op: Op, plaintext: &[u8], out: &mut [u8]) -> Result<usize, SealError> {
         let len =
             u32::try_from(plaintext.len()).map_err(|_| SealError::TooLong(plaintext.len()))?;
@@ -336,10 +663,18 @@ impl Sealer {
         if self.next_seq == u64::MAX {
             return Err(SealError::Exhausted);
         }
+        if let Some(trigger) = self.policy.due(
+            self.epoch_messages,
+            self.epoch_bytes,
+            u64::from(len),
+            self.epoch_started.elapsed(),
+        ) {
+            self.rotate_for(trigger);
+        }
         let seq = self.next_seq;
         let header = Header {
             op,
-            epoch: 0,
+            epoch: self.ratchet.byte(),
             lane: 0,
             seq,
             len,
@@ -350,11 +685,14 @@ impl Sealer {
         let (body, tag_out) = rest.split_at_mut(plaintext.len());
         body.copy_from_slice(plaintext);
         let tag = self
+            .ratchet
             .key
             .seal_in_place_separate_tag(nonce(seq), Aad::from(aad(&header, &self.stream)), body)
             .map_err(|_| SealError::TooLong(plaintext.len()))?;
         tag_out[..TAG_LEN].copy_from_slice(tag.as_ref());
         self.next_seq += 1;
+        self.epoch_messages += 1;
+        self.epoch_bytes = self.epoch_bytes.saturating_add(u64::from(len));
         Ok(need)
     }
 }
@@ -403,14 +741,33 @@ pub enum AuthError {
     /// The tag does not verify: wrong key, or header or payload changed.
     #[error("authentication tag mismatch")]
     Tag,
+    /// Sealed under a key whose epoch has ended: a captured message replayed after the keys
+    /// rotated (its secret is gone, so it could not be opened anyway).
+    #[error("sealed under key epoch {epoch}, which has ended (current epoch {current})")]
+    EpochEnded {
+        /// The message's epoch.
+        epoch: u64,
+        /// The epoch this side is in.
+        current: u64,
+    },
+    /// An epoch byte that is neither the current epoch's nor the next one's, nor one that
+    /// ended: the sender moves one epoch at a time, so no peer sends it.
+    #[error("sealed under key epoch byte {got}, neither the current epoch {current} nor the next")]
+    EpochUnknown {
+        /// The header's epoch byte.
+        got: u8,
+        /// The epoch this side is in.
+        current: u64,
+    },
 }
 
 /// Every value of [`AuthError::check`], in the order [`Opener::open`] applies the checks.
-pub const AUTH_CHECKS: [&str; 7] = [
+pub const AUTH_CHECKS: [&str; 8] = [
     "truncated",
     "version",
     "header",
     "operation",
+    "epoch",
     "sequence",
     "length",
     "tag",
@@ -436,6 +793,7 @@ impl AuthError {
             AuthError::Version { .. } => "version",
             AuthError::BadHeader => "header",
             AuthError::WrongOp { .. } => "operation",
+            AuthError::EpochEnded { .. } | AuthError::EpochUnknown { .. } => "epoch",
             AuthError::Sequence { .. } => "sequence",
             AuthError::Length { .. } => "length",
             AuthError::Tag => "tag",
@@ -443,10 +801,10 @@ impl AuthError {
     }
 }
 
-/// Opens the messages of one direction, in order. Owns the direction's key and the next
-/// sequence number it accepts.
+/// Opens the messages of one direction, in order. Owns the direction's key schedule, which
+/// follows the epoch in the headers, and the next sequence number it accepts.
 pub struct Opener {
-    key: LessSafeKey,
+    ratchet: Ratchet,
     cipher: Cipher,
     next_seq: u64,
     stream: StreamId,
@@ -457,16 +815,25 @@ impl std::fmt::Debug for Opener {
         f.debug_struct("Opener")
             .field("cipher", &self.cipher)
             .field("next_seq", &self.next_seq)
+            .field("epoch", &self.ratchet.epoch)
             .finish()
     }
 }
 
 impl Opener {
-    /// An opener that accepts sequence 1 first, of the all-zero stream until
-    /// [`Opener::bind`].
+    /// An opener whose first key is `key_bytes` (later keys as [`Sealer::new`]'s), that
+    /// accepts sequence 1 first, of the all-zero stream until [`Opener::bind`].
     pub fn new(cipher: Cipher, key_bytes: &[u8; KEY_LEN]) -> Opener {
+        Opener::with_ratchet(cipher, key_bytes, ratchet_from_key(key_bytes))
+    }
+
+    fn with_ratchet(
+        cipher: Cipher,
+        key_bytes: &[u8; KEY_LEN],
+        ratchet: Zeroizing<[u8; KEY_LEN]>,
+    ) -> Opener {
         Opener {
-            key: key(cipher, key_bytes),
+            ratchet: Ratchet::new(cipher, key_bytes, ratchet),
             cipher,
             next_seq: 1,
             stream: StreamId([0; 16]),
@@ -484,9 +851,15 @@ impl Opener {
         self.next_seq
     }
 
+    /// The current key epoch: how many times the peer's key rotated.
+    pub fn epoch(&self) -> u64 {
+        self.ratchet.epoch
+    }
+
     /// Verifies and decrypts a message that arrived as `op`, in place; returns the plaintext,
     /// a sub-slice of `msg`. Nothing is returned unless every check passed; on success the
-    /// expected sequence advances, so the same message is refused if it comes again.
+    /// expected sequence advances, so the same message is refused if it comes again, and a
+    /// message of the next epoch moves this side to it.
     pub fn open<'a>(&mut self, op: Op, msg: &'a mut [u8]) -> Result<&'a [u8], AuthError> {
         if msg.len() < OVERHEAD {
             return Err(AuthError::Truncated(msg.len()));
@@ -500,6 +873,26 @@ impl Opener {
                 arrived: op,
             });
         }
+        // The epoch before the sequence and the tag, so that a message of an ended epoch is
+        // refused by name, whatever else was done to it.
+        let current = self.ratchet.epoch;
+        let next = match header.epoch.wrapping_sub(self.ratchet.byte()) {
+            0 => None,
+            1 => Some(self.ratchet.next()),
+            // Modulo 256, behind by 1..=127: an epoch that ended (if this session had it).
+            behind @ 129..=255 if u64::from(256 - u16::from(behind)) <= current => {
+                return Err(AuthError::EpochEnded {
+                    epoch: current - u64::from(256 - u16::from(behind)),
+                    current,
+                })
+            }
+            _ => {
+                return Err(AuthError::EpochUnknown {
+                    got: header.epoch,
+                    current,
+                })
+            }
+        };
         if header.seq != self.next_seq {
             return Err(AuthError::Sequence {
                 expected: self.next_seq,
@@ -514,10 +907,22 @@ impl Opener {
                 arrived,
             });
         }
-        let plain = self
-            .key
+        let key = &next.as_ref().unwrap_or(&self.ratchet).key;
+        let plain = key
             .open_in_place(nonce(header.seq), Aad::from(aad(&raw, &self.stream)), body)
             .map_err(|_| AuthError::Tag)?;
+        if let Some(next) = next {
+            // Only a message that verified under the next key moves this side on (a forged
+            // epoch byte costs the forger its session, not our keys); the ended epoch's secret
+            // is zeroized as the old schedule drops.
+            self.ratchet = next;
+            tracing::debug!(
+                direction = "receive",
+                epoch = self.ratchet.epoch,
+                seq = header.seq,
+                "payload key rotated (the peer moved to the next epoch)"
+            );
+        }
         self.next_seq += 1;
         Ok(plain)
     }
@@ -535,24 +940,45 @@ pub struct Protection {
 impl Protection {
     /// The payload keys of this TLS session for `cipher`, seen from `side`: the sealer uses the
     /// key of what `side` sends, the opener the key of what the peer sends. Both ends derive the
-    /// same two keys from the session's exporter secret (RFC 8446 §7.5); nobody else can.
+    /// same keys from the session's exporter secret (RFC 8446 §7.5); nobody else can. Each
+    /// direction also exports the secret its key rotations ratchet from (its own label, so it
+    /// is unrelated to the keys); neither rotates until [`Protection::set_rekey`]. The exported
+    /// bytes are zeroized once the schedules have their copies.
     pub fn from_tls<D>(
         conn: &rustls::ConnectionCommon<D>,
         side: Side,
         cipher: Cipher,
     ) -> Result<Protection, rustls::Error> {
-        let mine =
-            conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side)))?;
-        let theirs =
-            conn.export_keying_material([0u8; KEY_LEN], KEY_LABEL, Some(key_context(side.peer())))?;
+        let export =
+            |label: &[u8], sender: Side| -> Result<Zeroizing<[u8; KEY_LEN]>, rustls::Error> {
+                let mut out = Zeroizing::new([0u8; KEY_LEN]);
+                conn.export_keying_material(&mut out[..], label, Some(key_context(sender)))?;
+                Ok(out)
+            };
+        let (mine, theirs) = (export(KEY_LABEL, side)?, export(KEY_LABEL, side.peer())?);
+        let (mine_next, theirs_next) = (
+            export(RATCHET_LABEL, side)?,
+            export(RATCHET_LABEL, side.peer())?,
+        );
         Ok(Protection {
-            sealer: Sealer::new(cipher, &mine),
-            opener: Opener::new(cipher, &theirs),
+            sealer: Sealer::with_ratchet(cipher, &mine, mine_next),
+            opener: Opener::with_ratchet(cipher, &theirs, theirs_next),
         })
     }
 }
 
 impl Protection {
+    /// Rotates what this side sends by `policy` (the server's, announced in its accept; what
+    /// the peer sends rotates by the peer's copy of it, and this side follows).
+    pub fn set_rekey(&mut self, policy: RekeyPolicy) {
+        self.sealer.set_policy(policy);
+    }
+
+    /// The key epochs so far: what this side sends, and what it received.
+    pub fn epochs(&self) -> (u64, u64) {
+        (self.sealer.epoch(), self.opener.epoch())
+    }
+
     /// Binds both directions to the client's operation `stream`: what the client sends is
     /// numbered by the stream, from `first_op` (the first operation this session carries: 1 for
     /// a new stream, the next undelivered one for a resumed stream); what the server sends counts
@@ -591,6 +1017,9 @@ impl Side {
 
 /// The exporter label of the payload keys (distinct from the confirmation tokens').
 pub(crate) const KEY_LABEL: &[u8] = b"EXPORTER-secure-rdma-payload-key";
+
+/// The exporter label of the secrets the payload keys ratchet from when they rotate.
+pub(crate) const RATCHET_LABEL: &[u8] = b"EXPORTER-secure-rdma-key-update";
 
 /// The exporter context of the key for messages sent by `sender`.
 pub(crate) fn key_context(sender: Side) -> &'static [u8] {
@@ -810,5 +1239,205 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("chacha20-poly1305"));
+    }
+    /// Seals `n` messages of `len` bytes, opens each, and returns the epochs they carried.
+    fn stream_through(s: &mut Sealer, o: &mut Opener, n: usize, len: usize) -> Vec<u8> {
+        let mut epochs = Vec::new();
+        for i in 0..n {
+            let msg = vec![i as u8; len];
+            let mut wire = sealed(s, Op::Send, &msg);
+            epochs.push(wire[2]);
+            assert_eq!(
+                o.open(Op::Send, &mut wire).unwrap(),
+                &msg[..],
+                "message {i}"
+            );
+        }
+        epochs
+    }
+
+    #[test]
+    fn the_message_threshold_rotates_and_no_message_is_lost_at_a_switch() {
+        for cipher in [Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305] {
+            let (mut s, mut o) = pair(cipher);
+            s.set_policy(RekeyPolicy::off().with_messages(100));
+            let epochs = stream_through(&mut s, &mut o, 1000, 8);
+            // 100 messages under each key, in order: epochs 0..=9, every message delivered.
+            for (i, e) in epochs.iter().enumerate() {
+                assert_eq!(usize::from(*e), i / 100, "message {i}");
+            }
+            assert_eq!((s.epoch(), o.epoch()), (9, 9));
+            assert_eq!(o.next_seq(), 1001);
+        }
+    }
+
+    #[test]
+    fn the_byte_threshold_rotates_before_a_key_would_exceed_it() {
+        let (mut s, mut o) = pair(Cipher::Aes256Gcm);
+        s.set_policy(RekeyPolicy::off().with_bytes(1000));
+        // 300-byte messages: three fit under 1000 bytes, the fourth goes under the next key.
+        let epochs = stream_through(&mut s, &mut o, 12, 300);
+        assert_eq!(epochs, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
+        // A message larger than the threshold goes alone under a fresh key.
+        let big = stream_through(&mut s, &mut o, 2, 5000);
+        assert_eq!(big, [4, 5]);
+        assert_eq!(o.epoch(), 5);
+    }
+
+    #[test]
+    fn the_time_threshold_rotates_at_the_next_message() {
+        let (mut s, mut o) = pair(Cipher::ChaCha20Poly1305);
+        s.set_policy(RekeyPolicy::off().with_seconds(1));
+        assert_eq!(stream_through(&mut s, &mut o, 3, 4), [0, 0, 0]);
+        // The key is made older than a second (rather than waiting for one).
+        s.epoch_started -= Duration::from_millis(1001);
+        assert_eq!(stream_through(&mut s, &mut o, 3, 4), [1, 1, 1]);
+        assert_eq!(o.epoch(), 1);
+    }
+
+    #[test]
+    fn the_defaults_and_an_off_policy() {
+        let d = RekeyPolicy::default();
+        assert_eq!((d.messages, d.bytes, d.seconds), (1 << 24, 1 << 32, 3600));
+        assert_eq!(
+            d.to_string(),
+            "every 16777216 messages or 4294967296 bytes or 3600 s"
+        );
+        assert_eq!(RekeyPolicy::off().to_string(), "never");
+        // A sealer rotates nothing unless told, however much it seals.
+        let (mut s, mut o) = pair(Cipher::Aes256Gcm);
+        stream_through(&mut s, &mut o, 500, 1);
+        assert_eq!((s.epoch(), o.epoch()), (0, 0));
+    }
+
+    #[test]
+    fn a_message_of_an_ended_epoch_is_refused_naming_the_epoch_before_its_tag() {
+        let (mut s, mut o) = pair(Cipher::Aes256Gcm);
+        s.set_policy(RekeyPolicy::off().with_messages(10));
+        // Captured: the 35th message, of epoch 3.
+        stream_through(&mut s, &mut o, 34, 16);
+        let captured = sealed(&mut s, Op::Send, b"sixteen byte msg");
+        assert_eq!(captured[2], 3);
+        let mut ok = captured.clone();
+        o.open(Op::Send, &mut ok).unwrap();
+        stream_through(&mut s, &mut o, 20, 16);
+        assert_eq!(o.epoch(), 5);
+        // Renumbered to the next sequence, with a matching length: refused by its epoch.
+        let mut replay = captured.clone();
+        replay[4..12].copy_from_slice(&o.next_seq().to_be_bytes());
+        let e = o.open(Op::Send, &mut replay).unwrap_err();
+        assert_eq!(
+            e,
+            AuthError::EpochEnded {
+                epoch: 3,
+                current: 5
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "sealed under key epoch 3, which has ended (current epoch 5)"
+        );
+        // Its epoch byte rewritten to the current one, it reaches the tag, which refuses it.
+        replay[2] = 5;
+        assert_eq!(o.open(Op::Send, &mut replay), Err(AuthError::Tag));
+        // An epoch two ahead is no epoch a peer sends.
+        replay[2] = 7;
+        assert_eq!(
+            o.open(Op::Send, &mut replay),
+            Err(AuthError::EpochUnknown { got: 7, current: 5 })
+        );
+        // Nothing of that moved the opener: the next real message opens.
+        assert_eq!(o.next_seq(), 56);
+        stream_through(&mut s, &mut o, 1, 16);
+    }
+
+    #[test]
+    fn a_forged_next_epoch_does_not_move_the_receiver() {
+        let (mut s, mut o) = pair(Cipher::ChaCha20Poly1305);
+        let mut wire = sealed(&mut s, Op::Send, b"epoch 0");
+        // The header claims the next epoch: the next key opens nothing sealed under this one.
+        wire[2] = 1;
+        assert_eq!(o.open(Op::Send, &mut wire.clone()), Err(AuthError::Tag));
+        assert_eq!(o.epoch(), 0);
+        wire[2] = 0;
+        assert_eq!(o.open(Op::Send, &mut wire).unwrap(), b"epoch 0");
+    }
+
+    #[test]
+    fn the_epoch_byte_wraps_and_a_message_256_epochs_old_opens_under_no_key() {
+        let (mut s, mut o) = pair(Cipher::Aes256Gcm);
+        s.set_policy(RekeyPolicy::off().with_messages(1));
+        let first = sealed(&mut s, Op::Send, b"m");
+        o.open(Op::Send, &mut first.clone()).unwrap();
+        let epochs = stream_through(&mut s, &mut o, 300, 1);
+        // One epoch per message: 1, 2, ..., 255, 0, 1, ... and every message opened.
+        for (i, e) in epochs.iter().enumerate() {
+            assert_eq!(*e, ((i + 1) % 256) as u8);
+        }
+        assert_eq!(o.epoch(), 300);
+        // Epoch 0's message again, renumbered: its byte is 300 - 256 = 44 behind the current
+        // byte (300 % 256), an ended epoch, named by its full number.
+        let mut old = first.clone();
+        old[4..12].copy_from_slice(&o.next_seq().to_be_bytes());
+        assert_eq!(
+            o.open(Op::Send, &mut old.clone()),
+            Err(AuthError::EpochEnded {
+                epoch: 256,
+                current: 300
+            })
+        );
+        // A message of epoch 44 (byte 44, like the current one) from 256 epochs ago: the byte
+        // says "current", but the key is not the one it was sealed under.
+        let (mut s2, _) = pair(Cipher::Aes256Gcm);
+        s2.set_policy(RekeyPolicy::off().with_messages(1));
+        for _ in 0..44 {
+            sealed(&mut s2, Op::Send, b"m");
+        }
+        let mut stale = sealed(&mut s2, Op::Send, b"m");
+        assert_eq!(stale[2], (300 % 256) as u8);
+        stale[4..12].copy_from_slice(&o.next_seq().to_be_bytes());
+        assert_eq!(o.open(Op::Send, &mut stale), Err(AuthError::Tag));
+        // And the keys never cycle: the sender goes on.
+        stream_through(&mut s, &mut o, 1, 1);
+    }
+
+    #[test]
+    fn every_epoch_has_its_own_key_and_secret() {
+        let key0 = [0x42; KEY_LEN];
+        let mut r = Ratchet::new(Cipher::Aes256Gcm, &key0, ratchet_from_key(&key0));
+        let mut seen = std::collections::HashSet::new();
+        assert!(seen.insert(key0));
+        assert!(seen.insert(*r.next_secret));
+        for _ in 0..1000 {
+            // The key each secret gives, and the secret after it: never one seen before.
+            let key_bytes = expand_label(&r.next_secret, b"key");
+            assert!(
+                seen.insert(*key_bytes),
+                "a key came back at epoch {}",
+                r.epoch + 1
+            );
+            r = r.next();
+            assert!(
+                seen.insert(*r.next_secret),
+                "a secret came back at epoch {}",
+                r.epoch
+            );
+        }
+    }
+
+    #[test]
+    fn an_ended_epochs_secret_is_zeroized() {
+        let key0 = [0x42u8; KEY_LEN];
+        let secret = ratchet_from_key(&key0);
+        let mut slot =
+            std::mem::ManuallyDrop::new(Ratchet::new(Cipher::Aes256Gcm, &key0, secret.clone()));
+        let at: *const [u8; KEY_LEN] = &*slot.next_secret;
+        // SAFETY: `at` points into `slot`, which stays allocated (ManuallyDrop keeps its storage
+        // after its contents are dropped in place); a [u8; 32] has no invalid values.
+        let before = unsafe { std::ptr::read_volatile(at) };
+        assert_eq!(before, *secret);
+        unsafe { std::ptr::drop_in_place(&mut *slot) };
+        let after = unsafe { std::ptr::read_volatile(at) };
+        assert_eq!(after, [0u8; KEY_LEN], "the secret survived its epoch");
     }
 }

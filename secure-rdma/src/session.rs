@@ -535,6 +535,12 @@ impl Session {
         self.protection.as_ref().map(|p| p.sealer.cipher())
     }
 
+    /// How many times the payload keys rotated so far: what this side sends, and what it
+    /// received ([`Protection::epochs`]); `(0, 0)` unprotected.
+    pub fn key_epochs(&self) -> (u64, u64) {
+        self.protection.as_ref().map_or((0, 0), |p| p.epochs())
+    }
+
     /// Largest SEND payload, in bytes.
     pub fn max_len(&self) -> usize {
         self.config.buffer_size

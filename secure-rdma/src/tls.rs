@@ -772,5 +772,20 @@ mod tests {
             )
             .unwrap();
         assert_ne!(token, mine);
+
+        // Epoch 0 is sealed under that exported key itself, as before keys rotated: a peer of
+        // the earlier release (an opener of that one key) opens it.
+        let mut earlier_release = crate::protect::Opener::new(cipher, &mine);
+        let mut third = seal(&mut client, b"epoch 0");
+        // The client's sealer numbered two messages already; the old opener starts at 1.
+        earlier_release.bind(crate::datapath::StreamId([0; 16]), 3);
+        assert_eq!(
+            earlier_release.open(Op::Send, &mut third).unwrap(),
+            b"epoch 0"
+        );
+        // After a rotation it cannot: the next key comes from a secret it never had.
+        client.sealer.rotate();
+        let mut fourth = seal(&mut client, b"epoch 1");
+        assert!(earlier_release.open(Op::Send, &mut fourth).is_err());
     }
 }

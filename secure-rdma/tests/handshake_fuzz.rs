@@ -17,6 +17,7 @@ fn corpus() -> Vec<Vec<u8>> {
         r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":"chacha20-poly1305"}"#,
         r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":null,"resume":{"kind":"new"}}"#,
         r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":null,"resume":{"kind":"expired"}}"#,
+        r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":"aes-256-gcm","resume":{"kind":"new"},"rekey":{"messages":100,"bytes":4294967296,"seconds":3600}}"#,
         r#"{"type":"accept","buffer_size":4096,"identity":"a","cipher":null,"resume":{"kind":"resumed","delivered":19,"acks":[{"op":"send","seq":17,"bytes":3,"status":"delivered"},{"op":"write","seq":18,"bytes":1,"status":"refused"}]}}"#,
         r#"{"type":"ack","op":"write","seq":18446744073709551615,"bytes":5,"status":"refused"}"#,
         r#"{"type":"reject","reason":{"kind":"server_full","active":10,"max":10}}"#,

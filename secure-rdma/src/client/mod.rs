@@ -640,14 +640,22 @@ impl Connector {
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity, cipher, rdma_window, resume) = match verdict {
+        let (buffer_size, identity, cipher, rdma_window, resume, rekey) = match verdict {
             Verdict::Accepted {
                 buffer_size,
                 identity,
                 cipher,
                 rdma_window,
                 resume,
-            } => (buffer_size as usize, identity, cipher, rdma_window, resume),
+                rekey,
+            } => (
+                buffer_size as usize,
+                identity,
+                cipher,
+                rdma_window,
+                resume,
+                rekey,
+            ),
             Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
         };
         // The accept is authenticated by TLS, so a downgrade here is the
@@ -703,6 +711,11 @@ impl Connector {
                 let mut p = Protection::from_tls(chan.get_ref().get_ref().1, Side::Client, c)
                     .map_err(tls::TlsError::Config)?;
                 p.bind_stream(Side::Client, hello.id, first);
+                // The server's policy, for what we send (no announcement: never rotate, as
+                // a server of an earlier release follows no epoch).
+                let policy = rekey.unwrap_or_else(crate::protect::RekeyPolicy::off);
+                tracing::debug!(%policy, "payload keys rotate by the server's policy");
+                p.set_rekey(policy);
                 Some(p)
             }
         };

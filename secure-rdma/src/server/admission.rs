@@ -21,10 +21,10 @@ use super::streams::{ClaimError, StreamLease};
 use super::SourcePrefix;
 use super::{ServerChannel, Shared};
 use crate::handshake::{
-    Channel, HandshakeError, Message, RejectReason, Resume, RDMA_ACKS, VERSION,
+    Channel, HandshakeError, Message, RejectReason, Resume, KEY_ROTATION, RDMA_ACKS, VERSION,
 };
 use crate::metrics::{self, HandshakeOutcome, PreAuthFailure, ServerMetrics};
-use crate::protect::{Protection, Side};
+use crate::protect::{Protection, RekeyPolicy, Side};
 use crate::quota::{TenantInfo, TenantQuota};
 use crate::session::{Secrets, SessionAdmission, SessionConfig};
 use crate::tls;
@@ -345,6 +345,15 @@ pub(super) async fn admit(
         .iter()
         .any(|c| c == RDMA_ACKS)
         .then_some(RDMA_WINDOW);
+    // Keys rotate only for a client that follows (an earlier release would fail the first
+    // message of a new epoch at its tag).
+    let rekey = session_rekey(cipher.is_some(), &hello.capabilities, cfg.rekey);
+    if cipher.is_some() && rekey.is_off() && !cfg.rekey.is_off() {
+        tracing::info!(
+            client = %identity,
+            "the client does not rotate payload keys (an earlier release): one key per direction for its session"
+        );
+    }
     let session_cfg = SessionConfig {
         buffer_size: cfg.buffer_size,
         recv_slots: RDMA_WINDOW,
@@ -388,6 +397,8 @@ pub(super) async fn admit(
         cipher,
         rdma_window: rdma_window.map(|w| w as u32),
         resume: stream.resume.clone(),
+        // Only a protected session has keys to rotate.
+        rekey: cipher.map(|_| rekey),
     };
     if chan.send(&accept).await.is_err() {
         counts.handshake(HandshakeOutcome::Failed);
@@ -400,6 +411,7 @@ pub(super) async fn admit(
         Ok(mut secrets) => {
             if let Some(p) = secrets.protection.as_mut() {
                 p.bind_stream(Side::Server, stream.id(), stream.first);
+                p.set_rekey(rekey);
             }
             secrets
         }
@@ -478,4 +490,33 @@ where
     let _ = tokio::time::timeout(courtesy, chan.send(&Message::Reject { reason })).await;
     let _ = tokio::time::timeout(courtesy, chan.close()).await;
     Outcome::Rejected
+}
+
+/// The rotation policy of a session: the server's, when payloads are protected and the client
+/// lists [`KEY_ROTATION`]; never otherwise (no keys, or a client of an earlier release, which
+/// would fail the first message of a new epoch at its tag).
+fn session_rekey(protected: bool, capabilities: &[String], server: RekeyPolicy) -> RekeyPolicy {
+    if protected && capabilities.iter().any(|c| c == KEY_ROTATION) {
+        server
+    } else {
+        RekeyPolicy::off()
+    }
+}
+
+#[cfg(test)]
+mod rekey_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_protected_client_that_follows_gets_the_servers_rotation() {
+        let policy = RekeyPolicy::default().with_messages(100);
+        let new: Vec<String> = crate::handshake::CAPABILITIES
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        let earlier: Vec<String> = new.iter().filter(|c| *c != KEY_ROTATION).cloned().collect();
+        assert_eq!(session_rekey(true, &new, policy), policy);
+        assert!(session_rekey(true, &earlier, policy).is_off());
+        assert!(session_rekey(false, &new, policy).is_off());
+    }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::preauth::PrefixLengths;
 use crate::handshake::RejectReason;
-use crate::protect::Cipher;
+use crate::protect::{Cipher, RekeyPolicy};
 use crate::quota::Quotas;
 use crate::tls::IdentitySource;
 use crate::verbs::Poll;
@@ -86,6 +86,10 @@ pub struct ServerConfig {
     /// Every CA of [`ca`](Self::ca) can sign any SPIFFE ID; this keeps a deployment of one
     /// trust domain to its own.
     pub spiffe_trust_domains: Vec<String>,
+    /// When the payload keys of every protected session rotate, in both directions: announced
+    /// to each client in the accept, which applies it to what it sends, as the server does
+    /// (default: [`RekeyPolicy::default`], inside the AEAD usage limits).
+    pub rekey: RekeyPolicy,
 }
 
 impl ServerConfig {
@@ -122,7 +126,23 @@ impl ServerConfig {
             resume_window: Duration::from_secs(120),
             identity: IdentitySource::default(),
             spiffe_trust_domains: Vec::new(),
+            rekey: RekeyPolicy::default(),
         }
+    }
+
+    /// Sets [`rekey`](Self::rekey).
+    ///
+    /// ```
+    /// use secure_rdma::protect::RekeyPolicy;
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_rekey(RekeyPolicy::default().with_messages(100));
+    /// assert_eq!(config.rekey.messages, 100);
+    /// ```
+    pub fn with_rekey(mut self, rekey: RekeyPolicy) -> Self {
+        self.rekey = rekey;
+        self
     }
 
     /// Sets [`resume_window`](Self::resume_window).

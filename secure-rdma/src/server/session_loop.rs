@@ -22,7 +22,7 @@ use super::watch::CertEnd;
 use super::{ServerChannel, Shared};
 use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
 use crate::handshake::{HandshakeError, Message};
-use crate::metrics::{HandshakeOutcome, TimedVerb};
+use crate::metrics::{HandshakeOutcome, KeyDirection, TimedVerb};
 use crate::ratelimit::LogLimiter;
 use crate::server::handler::HandlerError;
 use crate::session::{Session, SessionError};
@@ -139,7 +139,15 @@ pub(super) async fn serve_session(
     // Stream sequences: the first operation of this session is the stream's next undelivered.
     let mut seq = stream.first - 1;
     let first = stream.first;
+    // Key rotations already counted, per direction: each arrival or post adds what changed.
+    let mut epochs_counted = (0u64, 0u64);
     let reason = loop {
+        let epochs = session.key_epochs();
+        if epochs != epochs_counted {
+            metrics.key_rotated(KeyDirection::Send, epochs.0 - epochs_counted.0);
+            metrics.key_rotated(KeyDirection::Receive, epochs.1 - epochs_counted.1);
+            epochs_counted = epochs;
+        }
         tokio::select! {
             _ = stream.evicted() => {
                 // The client reconnected and resumed this stream: this session ends (and drains)
@@ -268,6 +276,10 @@ pub(super) async fn serve_session(
             }
         }
     };
+    // Rotations of the last iteration (an arrival, then the session ended).
+    let epochs = session.key_epochs();
+    metrics.key_rotated(KeyDirection::Send, epochs.0 - epochs_counted.0);
+    metrics.key_rotated(KeyDirection::Receive, epochs.1 - epochs_counted.1);
     // Nothing of this session may land after it: its QP goes to ERROR and every work request
     // still posted is consumed before the resources are freed and the stream let go (a resume
     // waiting for this session reads the stream's final state).
