@@ -132,7 +132,7 @@ impl From<ForgeError> for RunError {
     }
 }
 
-fn out(e: io::Error) -> RunError {
+pub(crate) fn out(e: io::Error) -> RunError {
     RunError::Output(e)
 }
 
@@ -197,12 +197,17 @@ pub fn run<W: Write>(plan: &Plan, rep: &mut Reporter<W>) -> Result<(), RunError>
             blind(&sender, &spec, *guesses, *seed, *timeout, rep)
         }
         Plan::Replay { file, iface, live } => replay(file, iface, live.as_ref(), rep),
+        Plan::Memory {
+            learn,
+            access,
+            watch,
+        } => crate::memory::run_memory(learn, access, *watch, rep),
     }
 }
 
 /// Both sockets on one interface: opened before anything else so that a missing capability
 /// or interface is reported at once.
-fn sockets(name: &str) -> Result<(Interface, Sender, Observer), RunError> {
+pub(crate) fn sockets(name: &str) -> Result<(Interface, Sender, Observer), RunError> {
     let iface = Interface::by_name(name)?;
     let sender = Sender::open(&iface)?;
     let observer = Observer::open(&iface)?;
@@ -211,7 +216,7 @@ fn sockets(name: &str) -> Result<(Interface, Sender, Observer), RunError> {
 
 /// What learning saw.
 #[derive(Debug, Default)]
-struct Seen {
+pub(crate) struct Seen {
     frames: u64,
     roce: u64,
     saved: u64,
@@ -219,7 +224,7 @@ struct Seen {
 
 /// Watches the interface until the flow has `min_packets` requests, no open message, and
 /// has been quiet for `quiet`; or fails at the timeout.
-fn learn_live(
+pub(crate) fn learn_live(
     obs: &mut Observer,
     opts: &LearnOptions,
     mut save: Option<&mut PcapWriter<BufWriter<File>>>,

@@ -23,6 +23,7 @@
 //! | `secure_rdma_operations_replayed_total` | counter | |
 //! | `secure_rdma_duplicates_suppressed_total` | counter | |
 //! | `secure_rdma_streams_expired_total` | counter | |
+//! | `secure_rdma_datapath_events_total` | counter | `cause` ([`DataPathCause`]) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -63,6 +64,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::datapath::Op;
+use crate::events::DataPathCause;
 use crate::handshake::RejectReason;
 
 /// How a connection's handshake ended (the `outcome` label).
@@ -171,6 +173,11 @@ struct DeviceLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -228,6 +235,7 @@ pub struct ServerMetrics {
     operations_replayed: Counter,
     duplicates_suppressed: Counter,
     streams_expired: Counter,
+    datapath_events: Family<CauseLabels, Counter>,
 }
 
 impl Default for ServerMetrics {
@@ -246,7 +254,13 @@ impl Default for ServerMetrics {
             operations_replayed: Counter::default(),
             duplicates_suppressed: Counter::default(),
             streams_expired: Counter::default(),
+            datapath_events: Family::default(),
         };
+        for cause in DataPathCause::ALL {
+            drop(metrics.datapath_events.get_or_create(&CauseLabels {
+                cause: cause.label(),
+            }));
+        }
         for outcome in ["resumed", "expired"] {
             drop(
                 metrics
@@ -345,6 +359,40 @@ impl ServerMetrics {
             "Operation streams forgotten: their resume window passed, or room was needed",
             self.streams_expired.clone(),
         );
+        registry.register(
+            "secure_rdma_datapath_events",
+            "Established sessions whose RDMA data path failed, by cause (authentication failure, remote access error, a refused request, retry exceeded, unexpected opcode, ...)",
+            self.datapath_events.clone(),
+        );
+    }
+
+    /// Counts one data-path failure of an established session by its cause
+    /// (`secure_rdma_datapath_events_total`).
+    pub fn datapath_event(&self, cause: DataPathCause) {
+        self.datapath_events
+            .get_or_create(&CauseLabels {
+                cause: cause.label(),
+            })
+            .inc();
+    }
+
+    /// Data-path failures of `cause` so far.
+    ///
+    /// ```
+    /// use secure_rdma::events::DataPathCause;
+    /// use secure_rdma::metrics::ServerMetrics;
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.datapath_event(DataPathCause::RequestRefused);
+    /// assert_eq!(metrics.datapath_events(DataPathCause::RequestRefused), 1);
+    /// assert_eq!(metrics.datapath_events(DataPathCause::AuthFailure), 0);
+    /// ```
+    pub fn datapath_events(&self, cause: DataPathCause) -> u64 {
+        self.datapath_events
+            .get_or_create(&CauseLabels {
+                cause: cause.label(),
+            })
+            .get()
     }
 
     /// Counts a resume of a stream the server knew, whose answers spared the
@@ -586,6 +634,7 @@ mod tests {
         alice.received(Op::Send, 28);
         alice.received(Op::Write, 4096);
         metrics.auth_failure("mallory");
+        metrics.datapath_event(DataPathCause::RemoteAccessError);
         metrics.verb("rxe-a", TimedVerb::QpSetup, Duration::from_millis(5));
         let text = render(&kept);
         for expected in [
@@ -600,6 +649,8 @@ mod tests {
             "secure_rdma_auth_failures_total{tenant=\"mallory\"} 1",
             "secure_rdma_handshake_duration_seconds_count 1",
             "secure_rdma_verb_duration_seconds_count{device=\"rxe-a\",verb=\"qp_setup\"} 1",
+            "secure_rdma_datapath_events_total{cause=\"remote_access_error\"} 1",
+            "secure_rdma_datapath_events_total{cause=\"request_refused\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == expected),

@@ -21,7 +21,8 @@ use super::render::{preview, render};
 use super::{ServerChannel, Shared};
 use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
 use crate::handshake::{HandshakeError, Message};
-use crate::metrics::{HandshakeOutcome, TimedVerb};
+use crate::events::DataPathCause;
+use crate::metrics::{HandshakeOutcome, ServerMetrics, TimedVerb};
 use crate::ratelimit::LogLimiter;
 use crate::server::handler::HandlerError;
 use crate::session::{Session, SessionError};
@@ -138,6 +139,7 @@ pub(super) async fn serve_session(
                         // client never sent, so its next message would be dropped as a
                         // duplicate: end the session and tell the client why.
                         metrics.auth_failure(&identity);
+                        metrics.datapath_event(DataPathCause::AuthFailure);
                         tracing::warn!(
                             client = %identity,
                             detail = %e,
@@ -148,7 +150,7 @@ pub(super) async fn serve_session(
                         let _ = send_within(&mut chan, &abort, courtesy).await;
                         break "RDMA message failed authentication".to_owned();
                     }
-                    Err(e) => break format!("RDMA error: {e}"),
+                    Err(e) => break datapath_failure(metrics, &identity, &e),
                 };
                 seq += 1;
                 let op = arrival.op();
@@ -202,7 +204,7 @@ pub(super) async fn serve_session(
                     let record = ack.encode();
                     let posting = Instant::now();
                     if let Err(e) = session.post(Op::Send, &record).await {
-                        break format!("RDMA error: {e}");
+                        break datapath_failure(metrics, &identity, &e);
                     }
                     traffic.post_send(posting.elapsed());
                     continue;
@@ -258,6 +260,30 @@ pub(super) async fn serve_session(
         "client gone; its PD, CQs, MRs and QP are freed"
     );
     Outcome::Served
+}
+
+/// Counts a failure of the session's data path by its cause, logs it (a WARN that says "likely
+/// attack" when a well-behaved peer on a working network never causes it) and returns the
+/// session's end reason, which names the cause.
+fn datapath_failure(metrics: &ServerMetrics, identity: &str, e: &SessionError) -> String {
+    let cause = DataPathCause::of(e);
+    metrics.datapath_event(cause);
+    if cause.likely_attack() {
+        tracing::warn!(
+            client = %identity,
+            cause = cause.label(),
+            error = %e,
+            "likely attack on the RDMA data path ({cause}); tearing the session down"
+        );
+    } else {
+        tracing::warn!(
+            client = %identity,
+            cause = cause.label(),
+            error = %e,
+            "the RDMA data path failed ({cause}); tearing the session down"
+        );
+    }
+    format!("{cause}: {e}")
 }
 
 /// Writes one message to a client, or says why it could not within `limit`.
