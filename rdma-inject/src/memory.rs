@@ -121,9 +121,8 @@ pub fn forge_access(flow: &Flow, access: &MemoryAccess) -> Result<Forged, ForgeE
         .dest_qp(flow.dst_qpn)
         .psn(flow.next_psn)
         .ack_req(true);
-    let len_of = |data: &[u8]| {
-        u32::try_from(data.len()).map_err(|_| ForgeError::PayloadTooLong(data.len()))
-    };
+    let len_of =
+        |data: &[u8]| u32::try_from(data.len()).map_err(|_| ForgeError::PayloadTooLong(data.len()));
     let (b, payload_len): (PacketBuilder, usize) = match &access.op {
         MemoryOp::Read { len } => (
             base.with_opcode(Opcode::RC_RDMA_READ_REQUEST).reth(Reth {
@@ -220,7 +219,12 @@ pub struct MemorySummary {
 impl MemorySummary {
     /// One line of text.
     pub fn text(&self) -> String {
-        let naks: Vec<String> = self.answers.naks.iter().map(|n| n.syndrome.clone()).collect();
+        let naks: Vec<String> = self
+            .answers
+            .naks
+            .iter()
+            .map(|n| n.syndrome.clone())
+            .collect();
         format!(
             "memory {} rkey {:#x} addr {:#x} PSN {:#08x} on {}: {} READ response packets ({} \
              bytes), {} ACKs, NAKs [{}] within {} ms",
