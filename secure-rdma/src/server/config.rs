@@ -76,6 +76,10 @@ pub struct ServerConfig {
     /// operations were delivered (default 120 s; zero remembers nothing, and
     /// every reconnect is answered "expired").
     pub resume_window: Duration,
+    /// Give each session's peer the rkey of a type 2 memory window bound to the session's QP
+    /// over its write slots, invalidated when the session ends, rather than the write region's
+    /// own rkey (default on; devices without type 2 windows fall back to the region's rkey).
+    pub memory_windows: bool,
 }
 
 impl ServerConfig {
@@ -110,6 +114,7 @@ impl ServerConfig {
             limits: Limits::default(),
             poll: Poll::default(),
             resume_window: Duration::from_secs(120),
+            memory_windows: true,
         }
     }
 
@@ -195,6 +200,12 @@ impl ServerConfig {
     /// Sets [`poll`](Self::poll).
     pub fn with_poll(mut self, poll: Poll) -> Self {
         self.poll = poll;
+        self
+    }
+
+    /// Sets [`memory_windows`](Self::memory_windows).
+    pub fn with_memory_windows(mut self, on: bool) -> Self {
+        self.memory_windows = on;
         self
     }
 }

@@ -240,10 +240,16 @@ pub(super) async fn serve_session(
     // still posted is consumed before the resources are freed and the stream let go (a resume
     // waiting for this session reads the stream's final state).
     match session.drain(courtesy).await {
-        Ok(d) if d.discarded > 0 => {
-            tracing::debug!(client = %identity, discarded = d.discarded, "arrivals not taken before the session ended; the client's resume sends them again")
+        Ok(d) => {
+            if d.discarded > 0 {
+                tracing::debug!(client = %identity, discarded = d.discarded, "arrivals not taken before the session ended; the client's resume sends them again")
+            }
+            // The rkey the client had is dead either way (the window is deallocated); this says
+            // whether a local invalidate did it while the QP still ran.
+            if let Some(invalidated) = d.window_invalidated {
+                tracing::debug!(client = %identity, invalidated, "memory window revoked");
+            }
         }
-        Ok(_) => {}
         Err(e) => tracing::warn!(client = %identity, error = %e, "draining the session's QP"),
     }
     drop(active);
