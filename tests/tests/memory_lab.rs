@@ -53,11 +53,18 @@ struct Lab {
 
 impl Lab {
     fn start(port: u16, metrics_port: u16) -> Lab {
+        Lab::start_with(port, metrics_port, &[])
+    }
+
+    /// With `extra` server flags.
+    fn start_with(port: u16, metrics_port: u16, extra: &[&str]) -> Lab {
         require_lab();
         let pki = Pki::new();
         pki.clients(&[VICTIM.to_owned()]);
         let metrics = format!("127.0.0.1:{metrics_port}");
-        let server = ServerProc::start(&pki, port, &["--metrics", &metrics]);
+        let mut flags = vec!["--metrics", metrics.as_str()];
+        flags.extend_from_slice(extra);
+        let server = ServerProc::start(&pki, port, &flags);
         let victim = Victim::secure_client(
             pki.dir(),
             server.port,
@@ -358,7 +365,62 @@ fn rdma_read_at_address_zero_gets_no_response_and_ends_the_session_with_its_caus
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn a_previous_sessions_rkey_lands_nothing_while_the_current_one_reaches_the_aead() {
-    let mut lab = Lab::start(4591, 9591);
+    old_rkey_attack(Lab::start(4591, 9591));
+}
+
+/// The same with the write region's own rkey instead of a memory window's: the region is
+/// deregistered with its session, so its rkey dies too.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn without_memory_windows_a_previous_sessions_rkey_lands_nothing_either() {
+    old_rkey_attack(Lab::start_with(4593, 9593, &["--no-memory-windows"]));
+}
+
+/// A plain RDMA WRITE (no immediate) with the session's own rkey into the slot the client's
+/// next WRITE uses: the device accepts it and raises no completion, so nothing counts it when
+/// it lands. What the protocol makes of it: its bytes are never delivered (the next
+/// WRITE WITH IMMEDIATE overwrites the slot, or the AEAD refuses what it finds), and the PSN it
+/// took makes the client's next WRITE a duplicate that rxe acknowledges and drops; the client
+/// misses its acknowledgement, resumes on a new session, and the operation is delivered once.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_plain_write_with_the_current_rkey_lands_silently_but_nothing_of_it_is_delivered() {
+    let mut lab = Lab::start(4594, 9594);
+    let forged = "PLAIN-WRITE-BY-ATTACKER";
+    let inj = Injector::observe(&["--write", forged, "--watch-ms", "3000"]);
+    lab.victim.op("write before the plain write");
+    let summary = inj.summary();
+    eprintln!("plain WRITE with the current rkey: {}", summary["answers"]);
+    assert_eq!(summary["op"], "write");
+    // Landed: acknowledged by the responder, nothing refused, nothing counted.
+    assert_eq!(
+        u64_of(&summary["answers"]["acks"]),
+        1,
+        "{}",
+        summary["answers"]
+    );
+    assert!(naks(&summary).is_empty(), "{:?}", naks(&summary));
+    let counts = lab.datapath_events().unwrap_or_default();
+    assert_eq!(counts.iter().map(|(_, n)| n).sum::<u64>(), 0, "{counts:?}");
+    // The client's next WRITE: acknowledged (after its resume), delivered exactly once.
+    let started = Instant::now();
+    let ack = lab.victim.op("write after the plain write");
+    let took = started.elapsed();
+    let counts = lab.datapath_events().unwrap_or_default();
+    eprintln!(
+        "the next WRITE acknowledged after {took:?} ({ack:?}); causes {counts:?}; reasons {:?}",
+        lab.end_reasons()
+    );
+    assert_eq!(
+        lab.writes(),
+        ["before the plain write", "after the plain write"],
+        "{}",
+        lab.context()
+    );
+    assert!(lab.victim.quit_ok());
+}
+
+fn old_rkey_attack(mut lab: Lab) {
     // Session 1: the attacker only watches, and keeps the rkey and address of its WRITE.
     let inj = Injector::observe(&[]);
     lab.victim.op("write first session's bytes");
