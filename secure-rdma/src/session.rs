@@ -734,13 +734,19 @@ impl Session {
     pub async fn arrival(&mut self) -> Result<Arrival, SessionError> {
         let wc = match self.qp.recv_cq().next_ok_unbounded().await {
             Ok(wc) => wc,
-            Err(e) => {
-                // A receive completed in error is not posted again: one fewer to drain.
-                if matches!(e, VerbsError::WorkCompletion { .. }) {
-                    self.recv_posted = self.recv_posted.saturating_sub(1);
+            Err(VerbsError::WorkCompletion { wr_id, status, .. }) => {
+                // A receive completed in error is not posted again: one fewer to drain. Its
+                // opcode field is undefined (libibverbs fills it only on success): on this
+                // queue it was a receive.
+                self.recv_posted = self.recv_posted.saturating_sub(1);
+                return Err(VerbsError::WorkCompletion {
+                    wr_id,
+                    opcode: WcOpcode::Recv,
+                    status,
                 }
-                return Err(e.into());
+                .into());
             }
+            Err(e) => return Err(e.into()),
         };
         let bs = self.slot_len;
         let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
