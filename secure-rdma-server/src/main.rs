@@ -122,12 +122,12 @@ struct Opts {
     #[arg(long)]
     #[serde(default)]
     allow_gid_mismatch: bool,
-    /// Give clients the write region's own rkey instead of a type 2 memory window's bound to
-    /// their session's QP and invalidated at its end (to compare; windows are used wherever
-    /// the device has them)
+    /// Give each client the rkey of a type 2 memory window bound to its session's QP over its
+    /// write slots and invalidated when the session ends, instead of the write region's own
+    /// rkey (off by default: see the README's memory windows)
     #[arg(long)]
     #[serde(default)]
-    no_memory_windows: bool,
+    memory_windows: bool,
     /// How sessions wait for RDMA completions; busy costs a core per active session (for
     /// dedicated hosts and benchmarks) [default: event]
     #[arg(long, value_name = "MODE", value_parser = EnumValueParser::<PollMode>::new().map(Poll::from))]
@@ -158,7 +158,7 @@ struct Opts {
     /// nothing twice); 0 remembers nothing [default: 120]
     #[arg(long, value_name = "SECONDS")]
     resume_window: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, memory-windows, poll, max-pending, max-pending-per-address, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -412,7 +412,7 @@ async fn serve(flags: Opts) -> Result<()> {
         )?)
         .with_protection(protection)
         .with_allow_gid_mismatch(allow_gid_mismatch)
-        .with_memory_windows(!(flags.no_memory_windows || file.no_memory_windows))
+        .with_memory_windows(flags.memory_windows || file.memory_windows)
         .with_limits(limits)
         .with_poll(flags.poll.or(file.poll).unwrap_or_default())
         .with_resume_window(Duration::from_secs(

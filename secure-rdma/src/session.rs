@@ -216,7 +216,7 @@ impl Default for SessionConfig {
             protected: true,
             accept_writes: true,
             peer_address: None,
-            memory_window: true,
+            memory_window: false,
         }
     }
 }

@@ -78,7 +78,7 @@ pub struct ServerConfig {
     pub resume_window: Duration,
     /// Give each session's peer the rkey of a type 2 memory window bound to the session's QP
     /// over its write slots, invalidated when the session ends, rather than the write region's
-    /// own rkey (default on; devices without type 2 windows fall back to the region's rkey).
+    /// own rkey (default off; devices without type 2 windows fall back to the region's rkey).
     pub memory_windows: bool,
 }
 
@@ -114,7 +114,7 @@ impl ServerConfig {
             limits: Limits::default(),
             poll: Poll::default(),
             resume_window: Duration::from_secs(120),
-            memory_windows: true,
+            memory_windows: false,
         }
     }
 
