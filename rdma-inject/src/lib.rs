@@ -32,7 +32,9 @@
 //! 5. [`report`] — what is printed: one line or JSON object per injected packet, a summary;
 //! 6. [`plan`] — what a run does, checked: a [`plan::Plan`];
 //! 7. [`net`] — the interface and its two AF_PACKET sockets (the only `unsafe` code);
-//! 8. [`run`] — runs a plan: sockets first, then learn, forge, send.
+//! 8. [`run`] — runs a plan: sockets first, then learn, forge, send;
+//! 9. [`memory`] — memory-access attacks: an RDMA READ or WRITE with a chosen rkey and address,
+//!    and the responder's answers (READ responses, ACK, NAK).
 //!
 //! ```
 //! use rdma_inject::forge::{forge, Injection};
@@ -58,6 +60,7 @@
 pub mod forge;
 pub mod learn;
 pub mod mac;
+pub mod memory;
 pub mod net;
 pub mod plan;
 pub mod replay;

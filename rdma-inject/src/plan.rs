@@ -85,4 +85,14 @@ pub enum Plan {
         /// Renumber into this live flow; `None`: verbatim.
         live: Option<LearnOptions>,
     },
+    /// `--observe` with `--read`, `--write`, or `--rkey`/`--addr`: a memory access
+    /// ([`crate::memory`]) at the live flow's next PSN, then its answers watched.
+    Memory {
+        /// How to learn.
+        learn: LearnOptions,
+        /// What to send.
+        access: crate::memory::MemoryAccess,
+        /// How long to watch for the responder's answers.
+        watch: Duration,
+    },
 }

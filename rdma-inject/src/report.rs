@@ -107,6 +107,8 @@ pub enum Summary {
     Sealed(SealedSummary),
     /// [`Plan::Replay`](crate::plan::Plan::Replay).
     Replay(ReplaySummary),
+    /// [`Plan::Memory`](crate::plan::Plan::Memory).
+    Memory(crate::memory::MemorySummary),
 }
 
 /// `{"injected": …}`, fields in declaration order.
@@ -263,6 +265,7 @@ impl<W: Write> Reporter<W> {
                     },
                     r.elapsed_ms
                 )?,
+                Summary::Memory(m) => writeln!(self.out, "{}", m.text())?,
             }
         }
         self.out.flush()

@@ -220,6 +220,11 @@ pub fn run<W: Write>(plan: &Plan, rep: &mut Reporter<W>) -> Result<(), RunError>
             crate::sealed_run::run_sealed(learn, attack, *seq, rep)
         }
         Plan::Replay { file, iface, live } => replay(file, iface, live.as_ref(), rep),
+        Plan::Memory {
+            learn,
+            access,
+            watch,
+        } => crate::memory::run_memory(learn, access, *watch, rep),
     }
 }
 
@@ -234,7 +239,7 @@ pub(crate) fn sockets(name: &str) -> Result<(Interface, Sender, Observer), RunEr
 
 /// What learning saw.
 #[derive(Debug, Default)]
-struct Seen {
+pub(crate) struct Seen {
     frames: u64,
     roce: u64,
     saved: u64,
@@ -242,7 +247,7 @@ struct Seen {
 
 /// Watches the interface until the flow has `min_packets` requests, no open message, and
 /// has been quiet for `quiet`; or fails at the timeout.
-fn learn_live(
+pub(crate) fn learn_live(
     obs: &mut Observer,
     opts: &LearnOptions,
     mut save: Option<&mut PcapWriter<BufWriter<File>>>,

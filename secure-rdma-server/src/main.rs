@@ -12,8 +12,8 @@ use rdma_cli::choices::{CipherChoice, PollMode};
 use rdma_cli::logging::{self, LogFormat};
 use secure_rdma::certs;
 use secure_rdma::metrics::ServerMetrics;
-use secure_rdma::quota::spiffe::SpiffeId;
 use secure_rdma::protect::RekeyPolicy;
+use secure_rdma::quota::spiffe::SpiffeId;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Limits, PrefixLengths, ProtectionPolicy, Server, ServerConfig};
 use secure_rdma::tls::IdentitySource;
@@ -125,6 +125,12 @@ struct Opts {
     #[arg(long)]
     #[serde(default)]
     allow_gid_mismatch: bool,
+    /// Give each client the rkey of a type 2 memory window bound to its session's QP over its
+    /// write slots and invalidated when the session ends, instead of the write region's own
+    /// rkey (off by default: see the README's memory windows)
+    #[arg(long)]
+    #[serde(default)]
+    memory_windows: bool,
     /// How sessions wait for RDMA completions; busy costs a core per active session (for
     /// dedicated hosts and benchmarks) [default: event]
     #[arg(long, value_name = "MODE", value_parser = EnumValueParser::<PollMode>::new().map(Poll::from))]
@@ -208,7 +214,7 @@ struct Opts {
     /// message); 0 turns this threshold off. All three at 0: keys never rotate [default: 3600]
     #[arg(long, value_name = "SECS")]
     rekey_after_seconds: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, identity, trust-domain, ca, cert, key, crl)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -575,6 +581,7 @@ async fn serve(flags: Opts) -> Result<()> {
         )?)
         .with_protection(protection)
         .with_allow_gid_mismatch(allow_gid_mismatch)
+        .with_memory_windows(flags.memory_windows || file.memory_windows)
         .with_limits(limits)
         .with_poll(flags.poll.or(file.poll).unwrap_or_default())
         .with_resume_window(Duration::from_secs(

@@ -49,6 +49,7 @@
 pub mod certs;
 pub mod client;
 pub mod datapath;
+pub mod events;
 pub mod handshake;
 pub mod metrics;
 pub mod protect;

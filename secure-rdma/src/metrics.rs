@@ -30,6 +30,7 @@
 //! | `secure_rdma_cert_reloads_total` | counter | `file` (`ca`, `cert`, `key`, `crl`) |
 //! | `secure_rdma_cert_reload_failures_total` | counter | `file` (a file gone or unreadable: the last good one stays in force) |
 //! | `secure_rdma_sessions_ended_by_certificate_total` | counter | `reason` (`certificate_revoked`, `certificate_expired`) |
+//! | `secure_rdma_datapath_events_total` | counter | `cause` ([`DataPathCause`]) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -70,6 +71,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::datapath::Op;
+use crate::events::DataPathCause;
 use crate::handshake::RejectReason;
 use crate::protect::AUTH_CHECKS;
 
@@ -256,6 +258,11 @@ struct DeviceLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -325,6 +332,7 @@ pub struct ServerMetrics {
     cert_reloads: Family<FileLabels, Counter>,
     cert_reload_failures: Family<FileLabels, Counter>,
     sessions_ended_by_cert: Family<ReasonLabels, Counter>,
+    datapath_events: Family<CauseLabels, Counter>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -360,6 +368,7 @@ impl Default for ServerMetrics {
             cert_reloads: Family::default(),
             cert_reload_failures: Family::default(),
             sessions_ended_by_cert: Family::default(),
+            datapath_events: Family::default(),
         };
         for direction in ["send", "receive"] {
             drop(
@@ -394,6 +403,11 @@ impl Default for ServerMetrics {
                     .sessions_ended_by_cert
                     .get_or_create(&ReasonLabels { reason }),
             );
+        }
+        for cause in DataPathCause::ALL {
+            drop(metrics.datapath_events.get_or_create(&CauseLabels {
+                cause: cause.label(),
+            }));
         }
         for outcome in ["resumed", "expired"] {
             drop(
@@ -492,6 +506,11 @@ impl ServerMetrics {
             "secure_rdma_streams_expired",
             "Operation streams forgotten: their resume window passed, or room was needed",
             self.streams_expired.clone(),
+        );
+        registry.register(
+            "secure_rdma_datapath_events",
+            "Established sessions whose RDMA data path failed, by cause (authentication failure, remote access error, a refused request, retry exceeded, unexpected opcode, ...)",
+            self.datapath_events.clone(),
         );
         registry.register(
             "secure_rdma_cert_reloads",
@@ -654,6 +673,35 @@ impl ServerMetrics {
     pub fn sessions_ended_by_cert(&self, reason: &'static str) -> u64 {
         self.sessions_ended_by_cert
             .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    /// Counts one data-path failure of an established session by its cause
+    /// (`secure_rdma_datapath_events_total`).
+    pub fn datapath_event(&self, cause: DataPathCause) {
+        self.datapath_events
+            .get_or_create(&CauseLabels {
+                cause: cause.label(),
+            })
+            .inc();
+    }
+
+    /// Data-path failures of `cause` so far.
+    ///
+    /// ```
+    /// use secure_rdma::events::DataPathCause;
+    /// use secure_rdma::metrics::ServerMetrics;
+    ///
+    /// let metrics = ServerMetrics::default();
+    /// metrics.datapath_event(DataPathCause::RequestRefused);
+    /// assert_eq!(metrics.datapath_events(DataPathCause::RequestRefused), 1);
+    /// assert_eq!(metrics.datapath_events(DataPathCause::AuthFailure), 0);
+    /// ```
+    pub fn datapath_events(&self, cause: DataPathCause) -> u64 {
+        self.datapath_events
+            .get_or_create(&CauseLabels {
+                cause: cause.label(),
+            })
             .get()
     }
 
@@ -896,6 +944,7 @@ mod tests {
         alice.received(Op::Send, 28);
         alice.received(Op::Write, 4096);
         metrics.auth_failure("mallory");
+        metrics.datapath_event(DataPathCause::RemoteAccessError);
         metrics.verb("rxe-a", TimedVerb::QpSetup, Duration::from_millis(5));
         let text = render(&kept);
         for expected in [
@@ -910,6 +959,8 @@ mod tests {
             "secure_rdma_auth_failures_total{tenant=\"mallory\"} 1",
             "secure_rdma_handshake_duration_seconds_count 1",
             "secure_rdma_verb_duration_seconds_count{device=\"rxe-a\",verb=\"qp_setup\"} 1",
+            "secure_rdma_datapath_events_total{cause=\"remote_access_error\"} 1",
+            "secure_rdma_datapath_events_total{cause=\"request_refused\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == expected),

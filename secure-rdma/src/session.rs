@@ -25,8 +25,8 @@ use crate::psn::Psn;
 use crate::quota::{Admission, Refusal, TenantQuota, Verb};
 use crate::tls::{Tokens, TOKEN_LEN};
 use crate::verbs::{
-    Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MrAccess, Poll, QpAttributes,
-    QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
+    Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MemoryWindow, MrAccess, Poll,
+    QpAttributes, QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
 };
 
 /// Errors of session setup and use.
@@ -125,6 +125,11 @@ pub struct SessionConfig {
     /// When set, the peer's GID must carry this address (the TLS peer's):
     /// see [`Gid::carries`](crate::verbs::Gid::carries).
     pub peer_address: Option<std::net::IpAddr>,
+    /// With `accept_writes`: give the peer the rkey of a type 2 memory window bound to this
+    /// session's QP over the write slots, invalidated when the session is drained, instead of
+    /// the region's own rkey (the region then grants no remote access itself). Falls back to
+    /// the region's rkey, with a warning, on a device without type 2 windows.
+    pub memory_window: bool,
 }
 
 impl SessionConfig {
@@ -211,6 +216,7 @@ impl Default for SessionConfig {
             protected: true,
             accept_writes: true,
             peer_address: None,
+            memory_window: false,
         }
     }
 }
@@ -282,10 +288,14 @@ impl Arrival {
 const TOKEN_WR: u64 = u64::MAX;
 const SEND_WR: u64 = 1;
 const WRITE_WR: u64 = 2;
+const BIND_WR: u64 = 3;
+const INVALIDATE_WR: u64 = 4;
 
 /// One connection's RDMA resources in RTS, confirmed.
 pub struct Session {
-    // Field order is drop order: the QP goes first, then the regions.
+    // Field order is drop order: the window first (deallocating it releases the QP and the
+    // region it is bound to), then the QP, then the regions.
+    window: Option<MemoryWindow>,
     qp: QueuePair<Rts>,
     send_mr: Arc<MemoryRegion>,
     recv_mr: Arc<MemoryRegion>,
@@ -373,13 +383,31 @@ impl Session {
         let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
         // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
         // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
+        let window = match config.accept_writes && config.memory_window {
+            true => match MemoryWindow::alloc(&pd) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no type 2 memory window on this device; the peer gets the write region's own rkey");
+                    None
+                }
+            },
+            false => None,
+        };
         let data_mr = match config.accept_writes {
             true => Some(MemoryRegion::new(
                 &pd,
                 bs * write_slots,
-                MrAccess::RemoteWrite,
+                match window {
+                    Some(_) => MrAccess::WindowBind,
+                    None => MrAccess::RemoteWrite,
+                },
             )?),
             false => None,
+        };
+        let buffer = match (&window, &data_mr) {
+            (Some(w), Some(mr)) => Some(w.remote(mr)),
+            (None, Some(mr)) => Some(mr.remote()),
+            _ => None,
         };
         let caps = QpCaps {
             max_send_wr: u32::try_from(send_slots.max(16)).unwrap_or(u32::MAX),
@@ -397,7 +425,7 @@ impl Session {
             qpn: qp.qpn(),
             psn,
             mtu: device.active_mtu()?,
-            buffer: data_mr.as_ref().map(|mr| mr.remote()),
+            buffer,
         };
         chan.send(&Message::Endpoint { endpoint: local }).await?;
         let remote = within(
@@ -441,6 +469,14 @@ impl Session {
             );
         }
 
+        // The window is bound before the peer hears we are ready: no WRITE can come earlier.
+        if let (Some(w), Some(mr)) = (&window, &data_mr) {
+            qp.post_bind_window(BIND_WR, w, mr)?;
+            qp.send_cq()
+                .next_ok("the memory window's bind", config.timeout)
+                .await?;
+        }
+
         // Both QPs in RTS before the first RDMA message.
         chan.send(&Message::Ready).await?;
         within(config.timeout, "the peer's ready", chan.expect_ready()).await?;
@@ -480,6 +516,7 @@ impl Session {
         .await?;
 
         Ok(Session {
+            window,
             qp,
             send_mr,
             recv_mr,
@@ -703,13 +740,19 @@ impl Session {
     pub async fn arrival(&mut self) -> Result<Arrival, SessionError> {
         let wc = match self.qp.recv_cq().next_ok_unbounded().await {
             Ok(wc) => wc,
-            Err(e) => {
-                // A receive completed in error is not posted again: one fewer to drain.
-                if matches!(e, VerbsError::WorkCompletion { .. }) {
-                    self.recv_posted = self.recv_posted.saturating_sub(1);
+            Err(VerbsError::WorkCompletion { wr_id, status, .. }) => {
+                // A receive completed in error is not posted again: one fewer to drain. Its
+                // opcode field is undefined (libibverbs fills it only on success): on this
+                // queue it was a receive.
+                self.recv_posted = self.recv_posted.saturating_sub(1);
+                return Err(VerbsError::WorkCompletion {
+                    wr_id,
+                    opcode: WcOpcode::Recv,
+                    status,
                 }
-                return Err(e.into());
+                .into());
             }
+            Err(e) => return Err(e.into()),
         };
         let bs = self.slot_len;
         let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
@@ -771,6 +814,11 @@ pub struct Drained {
     pub discarded: usize,
     /// Work requests the device flushed.
     pub flushed: usize,
+    /// Whether the session's memory window was invalidated by a local invalidate before
+    /// the QP stopped (`None`: the session had no window). `Some(false)`: the QP had already
+    /// stopped (an attack or a lost peer), so it accepted nothing any more; the window is
+    /// deallocated in every case before the drain returns.
+    pub window_invalidated: Option<bool>,
 }
 
 impl Session {
@@ -781,11 +829,25 @@ impl Session {
     /// [`Session::arrival`] are discarded, never delivered. A resumed stream
     /// is answered only after its previous session is drained, so the answer
     /// is final.
-    pub async fn drain(self, timeout: Duration) -> Result<Drained, SessionError> {
+    pub async fn drain(mut self, timeout: Duration) -> Result<Drained, SessionError> {
+        let mut drained = Drained::default();
+        let window = self.window.take();
+        // First the window's rkey, while the QP still runs: invalidated, it grants nothing
+        // from here on, whatever happens to the rest of the teardown.
+        let mut invalidating = false;
+        if let Some(w) = &window {
+            invalidating = self
+                .qp
+                .post_local_invalidate(INVALIDATE_WR, w.rkey())
+                .is_ok();
+            if invalidating {
+                self.posted += 1;
+            }
+            drained.window_invalidated = Some(false);
+        }
         let outstanding_recv = self.recv_posted;
         let outstanding_send = self.in_flight();
         let qp = self.qp.into_error()?;
-        let mut drained = Drained::default();
         for (cq, n, receives, what) in [
             (qp.recv_cq(), outstanding_recv, true, "the receives flushed"),
             (qp.send_cq(), outstanding_send, false, "the sends flushed"),
@@ -799,11 +861,15 @@ impl Session {
                 // QP stopped and that nobody took; everything else is a flush.
                 if receives && wc.status.is_success() {
                     drained.discarded += 1;
+                } else if !receives && invalidating && wc.wr_id == INVALIDATE_WR {
+                    drained.window_invalidated = Some(wc.status.is_success());
                 } else {
                     drained.flushed += 1;
                 }
             }
         }
+        // Deallocated before the QP and the region are destroyed (it holds both).
+        drop(window);
         Ok(drained)
     }
 }

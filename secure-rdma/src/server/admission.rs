@@ -361,6 +361,7 @@ pub(super) async fn admit(
         write_slots: rdma_window.unwrap_or(1),
         protected: cipher.is_some(),
         accept_writes: true,
+        memory_window: cfg.memory_windows,
         peer_address: (!cfg.allow_gid_mismatch).then_some(peer_ip),
         ..SessionConfig::default()
     };

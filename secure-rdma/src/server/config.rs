@@ -90,6 +90,10 @@ pub struct ServerConfig {
     /// to each client in the accept, which applies it to what it sends, as the server does
     /// (default: [`RekeyPolicy::default`], inside the AEAD usage limits).
     pub rekey: RekeyPolicy,
+    /// Give each session's peer the rkey of a type 2 memory window bound to the session's QP
+    /// over its write slots, invalidated when the session ends, rather than the write region's
+    /// own rkey (default off; devices without type 2 windows fall back to the region's rkey).
+    pub memory_windows: bool,
 }
 
 impl ServerConfig {
@@ -127,6 +131,7 @@ impl ServerConfig {
             identity: IdentitySource::default(),
             spiffe_trust_domains: Vec::new(),
             rekey: RekeyPolicy::default(),
+            memory_windows: false,
         }
     }
 
@@ -274,6 +279,12 @@ impl ServerConfig {
         self.ca = ca;
         self.cert = cert;
         self.key = key;
+        self
+    }
+
+    /// Sets [`memory_windows`](Self::memory_windows).
+    pub fn with_memory_windows(mut self, on: bool) -> Self {
+        self.memory_windows = on;
         self
     }
 }

@@ -21,8 +21,9 @@ use super::render::{preview, render};
 use super::watch::CertEnd;
 use super::{ServerChannel, Shared};
 use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
+use crate::events::DataPathCause;
 use crate::handshake::{HandshakeError, Message};
-use crate::metrics::{HandshakeOutcome, KeyDirection, TimedVerb};
+use crate::metrics::{HandshakeOutcome, KeyDirection, ServerMetrics, TimedVerb};
 use crate::ratelimit::LogLimiter;
 use crate::server::handler::HandlerError;
 use crate::session::{Session, SessionError};
@@ -170,6 +171,7 @@ pub(super) async fn serve_session(
                         // client never sent, so its next message would be dropped as a
                         // duplicate: end the session and tell the client why.
                         metrics.auth_failure(&identity);
+                        metrics.datapath_event(DataPathCause::AuthFailure);
                         tracing::warn!(
                             client = %identity,
                             detail = %e,
@@ -182,7 +184,7 @@ pub(super) async fn serve_session(
                         let _ = send_within(&mut chan, &abort, courtesy).await;
                         break "RDMA message failed authentication".to_owned();
                     }
-                    Err(e) => break format!("RDMA error: {e}"),
+                    Err(e) => break datapath_failure(metrics, &identity, &e),
                 };
                 seq += 1;
                 let op = arrival.op();
@@ -236,7 +238,7 @@ pub(super) async fn serve_session(
                     let record = ack.encode();
                     let posting = Instant::now();
                     if let Err(e) = session.post(Op::Send, &record).await {
-                        break format!("RDMA error: {e}");
+                        break datapath_failure(metrics, &identity, &e);
                     }
                     traffic.post_send(posting.elapsed());
                     continue;
@@ -284,10 +286,16 @@ pub(super) async fn serve_session(
     // still posted is consumed before the resources are freed and the stream let go (a resume
     // waiting for this session reads the stream's final state).
     match session.drain(courtesy).await {
-        Ok(d) if d.discarded > 0 => {
-            tracing::debug!(client = %identity, discarded = d.discarded, "arrivals not taken before the session ended; the client's resume sends them again")
+        Ok(d) => {
+            if d.discarded > 0 {
+                tracing::debug!(client = %identity, discarded = d.discarded, "arrivals not taken before the session ended; the client's resume sends them again")
+            }
+            // The rkey the client had is dead either way (the window is deallocated); this says
+            // whether a local invalidate did it while the QP still ran.
+            if let Some(invalidated) = d.window_invalidated {
+                tracing::debug!(client = %identity, invalidated, "memory window revoked");
+            }
         }
-        Ok(_) => {}
         Err(e) => tracing::warn!(client = %identity, error = %e, "draining the session's QP"),
     }
     drop(active);
@@ -323,6 +331,30 @@ fn cert_end(end: CertEnd, metrics: &crate::metrics::ServerMetrics) -> (AbortReas
     };
     metrics.session_ended_by_cert(label);
     (reason, why)
+}
+
+/// Counts a failure of the session's data path by its cause, logs it (a WARN that says "likely
+/// attack" when a well-behaved peer on a working network never causes it) and returns the
+/// session's end reason, which names the cause.
+fn datapath_failure(metrics: &ServerMetrics, identity: &str, e: &SessionError) -> String {
+    let cause = DataPathCause::of(e);
+    metrics.datapath_event(cause);
+    if cause.likely_attack() {
+        tracing::warn!(
+            client = %identity,
+            cause = cause.label(),
+            error = %e,
+            "likely attack on the RDMA data path ({cause}); tearing the session down"
+        );
+    } else {
+        tracing::warn!(
+            client = %identity,
+            cause = cause.label(),
+            error = %e,
+            "the RDMA data path failed ({cause}); tearing the session down"
+        );
+    }
+    format!("{cause}: {e}")
 }
 
 /// Writes one message to a client, or says why it could not within `limit`.

@@ -21,12 +21,14 @@ mod cq;
 mod device;
 mod gid;
 mod mr;
+mod mw;
 mod qp;
 
 pub use cq::{Completion, CompletionQueue, Poll, WcOpcode, WcStatus};
 pub use device::{Availability, Device, PathMtu, ProtectionDomain, SYSFS};
 pub use gid::{select_gid, Gid, GidEntry, GidKind, GidSelector, NoMatchingGid, ParseGidError};
 pub use mr::{MemoryRegion, MrAccess, RemoteBuffer};
+pub use mw::MemoryWindow;
 pub use qp::{
     Init, QpAttributes, QpCaps, QpState, QueuePair, Reset, Rtr, RtrParams, Rts, RtsParams,
 };

