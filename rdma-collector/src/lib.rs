@@ -119,6 +119,13 @@ mod registry;
 mod session;
 mod users;
 
+/// Serialises the unit tests that fork a child with those that need a descriptor closed when
+/// they drop it: between fork and exec the child holds a copy of every descriptor (std's
+/// close-on-exec acts only at the exec), so a listener dropped meanwhile still accepts, and a
+/// stale socket looks live.
+#[cfg(test)]
+static FORK_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 pub use bounds::{BoundNames, ConnectionBounds};
 pub use daemon::Collector;
 pub use listen::CollectorError;

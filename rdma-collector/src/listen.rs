@@ -220,7 +220,9 @@ mod tests {
                 nested.display()
             )
         );
-        // A dead collector's socket is replaced.
+        // A dead collector's socket is replaced. No other test may fork while it dies: a child
+        // between fork and exec would keep it listening (see FORK_LOCK).
+        let _fork = crate::FORK_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         drop(live);
         assert!(nested.exists());
         Collector::bind(&nested, Quotas::default(), TenantBy::User).expect("rebind over stale");

@@ -137,7 +137,10 @@ mod tests {
 
     #[test]
     fn a_reaped_process_is_not_alive() {
+        // Held until spawn returns, which is after the child's exec (see FORK_LOCK).
+        let fork = crate::FORK_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        drop(fork);
         let pid = child.id();
         // SAFETY: pidfd_open on our own child, before reaping it.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
