@@ -62,6 +62,7 @@
 pub mod client;
 pub mod hooks;
 pub mod intercept;
+pub mod limit;
 
 /// The crate's README, whose examples run as doctests so they cannot go stale.
 #[doc = include_str!("../README.md")]
