@@ -107,6 +107,8 @@ fn run(args: &Args) -> Result<()> {
     if ctx.is_null() {
         bail!("cannot open RDMA device {}", args.device);
     }
+    // Tells a test the flood is on (the device is open, the loop starts).
+    eprintln!("verbs-churn: churning on {}", args.device);
     let window = Duration::from_millis(args.millis);
     let started = Instant::now();
     let (mut ok, mut refused) = (0u64, 0u64);
