@@ -125,6 +125,9 @@ static GLOBAL: Global = Global {
 
 static ATFORK: AtomicBool = AtomicBool::new(false);
 
+/// Whether a wait that could not be honoured was reported already.
+static GAVE_UP: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn before_fork() {
     // SAFETY: the lock is a valid, initialised mutex.
     unsafe { libc::pthread_mutex_lock(GLOBAL.lock.get()) };
@@ -229,12 +232,17 @@ fn create(resource: Resource, bytes: u64, real: impl FnOnce() -> *mut c_void) ->
             // resources to make room is never held up by this sleep.
             Next::Sleep(wait) => std::thread::sleep(wait),
             Next::GiveUp => {
-                print_line(&format!(
-                    "rdma-intercept: {} refused: its rate limit admits no call within \
-                     RDMA_INTERCEPT_MAX_WAIT_MS={} of this one",
-                    resource.create_verb(),
-                    settings.max_wait.as_millis()
-                ));
+                // Once per process: with a small maximum wait every held call
+                // gives up at once, and a line each would flood stderr.
+                if !GAVE_UP.swap(true, Ordering::Relaxed) {
+                    print_line(&format!(
+                        "rdma-intercept: {} refused: its rate limit admits no call within \
+                         RDMA_INTERCEPT_MAX_WAIT_MS={} of this one (EDQUOT; this note is \
+                         printed once)",
+                        resource.create_verb(),
+                        settings.max_wait.as_millis()
+                    ));
+                }
                 break Decision::Refuse(ERRNO_DENIED);
             }
         }

@@ -318,6 +318,6 @@ fn wait_mode_sleeps_to_each_retry_time_and_gives_up_at_the_maximum_wait() {
     assert_eq!(
         text(&out.stderr),
         "rdma-intercept: CQ_CREATE refused: its rate limit admits no call within \
-         RDMA_INTERCEPT_MAX_WAIT_MS=350 of this one\n"
+         RDMA_INTERCEPT_MAX_WAIT_MS=350 of this one (EDQUOT; this note is printed once)\n"
     );
 }

@@ -430,7 +430,10 @@ fn a_victims_setup_beside_churn_floods_is_measured() {
     }
     // The same victim alone again: a drift of the lab itself (the server's
     // state, the host's load) shows here rather than being blamed on a flood.
-    rows.push(("alone again, after the floods", victim_setup(&pki, &server, n)));
+    rows.push((
+        "alone again, after the floods",
+        victim_setup(&pki, &server, n),
+    ));
     println!("| victim setup per connection ({n} connections) | p50 | p99 |");
     println!("|---|---:|---:|");
     for (what, (p50, p99)) in &rows {
