@@ -75,8 +75,10 @@ pub(crate) struct Activity {
     pub(crate) idle_closed: AtomicU64,
     pub(crate) malformed: AtomicU64,
     pub(crate) accept_errors: AtomicU64,
+    /// Well-formed requests served (`HELLO`, `ADMIT`, `RELEASE`, `STATS`).
+    pub(crate) requests: AtomicU64,
     throttles: Mutex<[Throttle; 3]>,
-    last: Mutex<[u64; 9]>,
+    last: Mutex<[u64; 10]>,
 }
 
 impl Default for Activity {
@@ -94,8 +96,9 @@ impl Default for Activity {
             idle_closed: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
             throttles: Mutex::new([t(), t(), t()]),
-            last: Mutex::new([0; 9]),
+            last: Mutex::new([0; 10]),
         }
     }
 }
@@ -113,7 +116,7 @@ impl Activity {
         throttles[kind as usize].allow(Instant::now())
     }
 
-    fn now(&self) -> [u64; 9] {
+    fn now(&self) -> [u64; 10] {
         [
             &self.admitted,
             &self.denied,
@@ -124,6 +127,7 @@ impl Activity {
             &self.idle_closed,
             &self.malformed,
             &self.accept_errors,
+            &self.requests,
         ]
         .map(|c| c.load(Ordering::Relaxed))
     }
@@ -148,6 +152,7 @@ impl Activity {
             "idle_closed",
             "malformed",
             "accept_errors",
+            "requests",
         ];
         Some(
             names

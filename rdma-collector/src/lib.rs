@@ -83,7 +83,10 @@
 //! Accept errors back off. Decisions are logged at `debug`, with a summary
 //! of counts at `info` every 10 s; warnings a client can provoke (denials,
 //! refusals, malformed requests) are rate-limited and say how many were
-//! suppressed.
+//! suppressed. The summary's `requests=` counts every request served: the
+//! collector's work, which a refused program cannot drive up at will, since
+//! a rate refusal carries its retry time (protocol version 2,
+//! [`rdma_quota::wire`]) and the interceptor answers the repeats itself.
 //!
 //! # Examples
 //!

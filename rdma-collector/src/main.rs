@@ -21,8 +21,10 @@ use rdma_quota::{LimitSetting, QuotaConfig, Quotas, Verb};
 /// Each intercepted program connects to --socket and asks before it creates
 /// a QP, PD, CQ or MR; this daemon admits or denies by the quota file and
 /// --limit flags, per tenant (--tenant-by) and globally. A program's
-/// resources are released when it destroys them or when it exits. Logs a
-/// summary of its decisions every 10 s and rate-limited denials on stderr
+/// resources are released when it destroys them or when it exits. A denial
+/// by a rate limit tells the program when to retry; its interceptor answers
+/// the repeats itself until then. Logs a summary of its decisions and of the
+/// requests it served every 10 s and rate-limited denials on stderr
 /// (RUST_LOG=debug for one line per decision). Stops on SIGINT or SIGTERM.
 ///
 /// Against hostile local users: connections are capped in all and per uid,

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use rdma_quota::tenant::Peer;
 use rdma_quota::wire::{Reply, Request};
@@ -65,6 +66,9 @@ impl Session {
 
     /// Serves one well-formed request.
     pub(crate) fn handle(&mut self, request: Request) -> Reply {
+        // Every request served, whatever it is: the collector's work, which
+        // a refused program must not be able to drive up at will.
+        count(&self.ledger.activity.requests);
         let peer = &self.peer;
         match request {
             Request::Hello { comm } => {
@@ -80,16 +84,24 @@ impl Session {
                     let reserved = registry.reserve_ticket(self.ledger.id);
                     reserved
                         .map(|()| true)
-                        .map_err(|cap| cap.reason(registry.names()))
+                        .map_err(|cap| (cap.reason(registry.names()), None))
                 } else {
                     Ok(false)
                 };
                 let result = reserved.and_then(|reserved| {
+                    let now = Instant::now();
                     let admitted = if verb.creates() == Some(Resource::Mr) {
-                        self.quota.admit_mr(bytes).map_err(|r| r.to_string())
+                        self.quota.admit_mr_at(bytes, now)
                     } else {
-                        self.quota.admit(verb).map_err(|r| r.to_string())
+                        self.quota.admit_at(verb, now)
                     };
+                    // A rate refusal says when to ask again (protocol
+                    // version 2), so that the interceptor answers the repeats
+                    // itself instead of making us serve every one of them.
+                    let admitted = admitted.map_err(|refusal| {
+                        let retry = self.quota.retry_after(&refusal, now);
+                        (refusal.to_string(), retry)
+                    });
                     let holds = admitted.as_ref().is_ok_and(|a| a.resource().is_some());
                     if reserved && !holds {
                         self.ledger.registry().release_tickets(self.ledger.id, 1);
@@ -119,7 +131,7 @@ impl Session {
                         );
                         reply
                     }
-                    Err(reason) => {
+                    Err((reason, retry_after)) => {
                         count(&self.ledger.activity.denied);
                         // A client can ask as fast as it likes: the lines are
                         // rate-limited, the summary has the count.
@@ -144,7 +156,7 @@ impl Session {
                                 "admission denied"
                             );
                         }
-                        Reply::Deny(reason)
+                        Reply::deny(reason, retry_after)
                     }
                 }
             }
@@ -304,5 +316,41 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    #[test]
+    fn rate_refusals_say_when_to_retry_and_requests_are_counted() {
+        let quotas = Quotas::new(QuotaConfig::parse("CQ_CREATE 2\n", "q").expect("config"));
+        let mut s = session(&quotas, "dave", 100);
+        let started = std::time::Instant::now();
+        assert_eq!(s.handle(admit(Verb::CqCreate, 0)), Reply::Ticket(1));
+        assert_eq!(s.handle(admit(Verb::CqCreate, 0)), Reply::Ticket(2));
+        let Reply::Deny(reason) = s.handle(admit(Verb::CqCreate, 0)) else {
+            panic!("the third CQ within a second must be refused");
+        };
+        let (text, retry) = rdma_quota::wire::retry_after(&reason);
+        assert_eq!(
+            text,
+            "CQ_CREATE limit 2/s exceeded globally (2 calls in the last second)"
+        );
+        // The first admission leaves the window one second after it was made.
+        let retry = retry.expect("a rate refusal carries its retry time");
+        let upper = std::time::Duration::from_secs(1);
+        let lower = upper.saturating_sub(started.elapsed() + std::time::Duration::from_millis(1));
+        assert!(
+            retry <= upper && retry >= lower,
+            "{retry:?} not in {lower:?}..={upper:?}"
+        );
+        // A count refusal has no clock: no retry time.
+        let quotas = Quotas::new(QuotaConfig::parse("QP_COUNT 1\n", "q").expect("config"));
+        let mut s2 = session(&quotas, "erin", 100);
+        assert_eq!(s2.handle(admit(Verb::QpCreate, 0)), Reply::Ticket(1));
+        let Reply::Deny(reason) = s2.handle(admit(Verb::QpCreate, 0)) else {
+            panic!("over the QP count");
+        };
+        assert_eq!(rdma_quota::wire::retry_after(&reason).1, None, "{reason}");
+        s.handle(Request::Stats);
+        let line = s.ledger.activity.summary().expect("activity");
+        assert!(line.ends_with(" requests=4"), "{line}");
     }
 }

@@ -254,9 +254,18 @@ async fn a_rate_limit_refuses_the_second_quick_call() {
     let c = start("QP_CREATE 1\n");
     let mut client = Client::connect(&c.path).await;
     assert_eq!(client.ask("ADMIT QP_CREATE").await, "OK 1");
+    let denied = client.ask("ADMIT QP_CREATE").await;
+    let reason = denied.strip_prefix("DENY ").expect("a DENY");
+    // Protocol version 2: the refusal says when the limit admits again.
+    let (text, retry) = rdma_quota::wire::retry_after(reason);
     assert_eq!(
-        client.ask("ADMIT QP_CREATE").await,
-        "DENY QP_CREATE limit 1/s exceeded globally (1 calls in the last second)"
+        text,
+        "QP_CREATE limit 1/s exceeded globally (1 calls in the last second)"
+    );
+    let retry = retry.unwrap_or_else(|| panic!("no retry time in {denied:?}"));
+    assert!(
+        retry > std::time::Duration::ZERO && retry <= std::time::Duration::from_secs(1),
+        "{denied}"
     );
     // Releasing does not give back rate: the call happened.
     assert_eq!(client.ask("RELEASE 1").await, "OK");
@@ -264,7 +273,8 @@ async fn a_rate_limit_refuses_the_second_quick_call() {
         .ask("ADMIT QP_CREATE")
         .await
         .starts_with("DENY QP_CREATE limit 1/s"));
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The retry time is right: once it has passed, the call is admitted.
+    tokio::time::sleep(retry).await;
     assert_eq!(client.ask("ADMIT QP_CREATE").await, "OK 2");
     c.stop().await;
 }

@@ -6,10 +6,12 @@
 //! linked program's imports are, through the global scope, so an `LD_PRELOAD`
 //! object comes first.
 //!
-//! Usage: `preload-probe create_qp|alloc_pd|create_cq|reg_mr|reg_mr_iova2 [--fork]`.
+//! Usage: `preload-probe create_qp|alloc_pd|create_cq|reg_mr|reg_mr_iova2 [--fork | --repeat N]`.
 //! Prints `null errno=N` or `object`; exits 2 if libibverbs cannot be loaded.
 //! With `--fork` it calls once, forks, and calls again in the child, which
-//! prints `child null errno=N` and its pid.
+//! prints `child null errno=N` and its pid. With `--repeat N` it calls N
+//! times in a row, as a program retrying a refused call would, printing one
+//! line per call and then `elapsed_ms=T`, the time all the calls took.
 
 use std::ffi::{c_int, c_void, CString};
 use std::process::ExitCode;
@@ -41,6 +43,27 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let fork = std::env::args().nth(2).as_deref() == Some("--fork");
+    if std::env::args().nth(2).as_deref() == Some("--repeat") {
+        let Some(n) = std::env::args().nth(3).and_then(|n| n.parse::<u32>().ok()) else {
+            eprintln!("preload-probe: --repeat needs a count");
+            return ExitCode::from(2);
+        };
+        let started = std::time::Instant::now();
+        let mut lines = Vec::new();
+        for _ in 0..n {
+            let Some(result) = call_once(&call, f) else {
+                eprintln!("preload-probe: unknown call {call}");
+                return ExitCode::from(2);
+            };
+            lines.push(result);
+        }
+        let elapsed = started.elapsed();
+        for line in lines {
+            println!("{line}");
+        }
+        println!("elapsed_ms={}", elapsed.as_millis());
+        return ExitCode::SUCCESS;
+    }
     let Some(first) = call_once(&call, f) else {
         eprintln!("preload-probe: unknown call {call}");
         return ExitCode::from(2);

@@ -26,7 +26,10 @@ use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
-use crate::intercept::{Decision, Interceptor, Settings};
+use std::time::Instant;
+
+use crate::intercept::{Decision, Interceptor, Settings, ERRNO_DENIED};
+use crate::limit::{self, Next};
 use rdma_quota::Resource;
 
 /// A real libibverbs function, found once.
@@ -122,6 +125,9 @@ static GLOBAL: Global = Global {
 
 static ATFORK: AtomicBool = AtomicBool::new(false);
 
+/// Whether a wait that could not be honoured was reported already.
+static GAVE_UP: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn before_fork() {
     // SAFETY: the lock is a valid, initialised mutex.
     unsafe { libc::pthread_mutex_lock(GLOBAL.lock.get()) };
@@ -206,10 +212,50 @@ fn create(resource: Resource, bytes: u64, real: impl FnOnce() -> *mut c_void) ->
         return real();
     };
     let settings = Settings::from_env();
-    let decision = with_state(|s, pid, log| s.admit(pid, &settings, resource, bytes, log));
+    let started = Instant::now();
+    let decision = loop {
+        let decision = with_state(|s, pid, log| s.admit(pid, &settings, resource, bytes, log));
+        let Decision::Wait(until) = decision else {
+            break decision;
+        };
+        match limit::next_step(
+            settings.on_limit,
+            started,
+            Instant::now(),
+            until,
+            settings.max_wait,
+        ) {
+            // Sleeping here blocks no one else: the state lock was released
+            // when `with_state` returned, and libibverbs has not been entered
+            // yet, so none of its locks is held by this thread. Only
+            // creations get here; destroys never wait, so a program freeing
+            // resources to make room is never held up by this sleep.
+            Next::Sleep(wait) => std::thread::sleep(wait),
+            Next::GiveUp => {
+                // Once per process: with a small maximum wait every held call
+                // gives up at once, and a line each would flood stderr.
+                if !GAVE_UP.swap(true, Ordering::Relaxed) {
+                    print_line(&format!(
+                        "rdma-intercept: {} refused: its rate limit admits no call within \
+                         RDMA_INTERCEPT_MAX_WAIT_MS={} of this one (EDQUOT; this note is \
+                         printed once)",
+                        resource.create_verb(),
+                        settings.max_wait.as_millis()
+                    ));
+                }
+                break Decision::Refuse(ERRNO_DENIED);
+            }
+        }
+    };
     match decision {
         Decision::Refuse(err) => {
             set_errno(err);
+            ptr::null_mut()
+        }
+        // Waits end in the loop above; were one to get here, it is a refusal
+        // (never a panic inside someone else's program).
+        Decision::Wait(_) => {
+            set_errno(ERRNO_DENIED);
             ptr::null_mut()
         }
         Decision::Proceed(None) => real(),

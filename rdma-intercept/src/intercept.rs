@@ -6,17 +6,21 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdma_quota::wire::{Reply, Request, DEFAULT_SOCKET};
 use rdma_quota::{Resource, Verb};
 
 use crate::client::{ClientError, Connection};
+use crate::limit::{self, OnLimit, RefusalCache};
 
 /// How long one connect, send or receive may take.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 
-/// errno of a call refused by a quota.
+/// errno of a call refused by a quota: `EDQUOT` ("quota exceeded"), whether
+/// the collector refused it or the interceptor did on its behalf (a rate
+/// refusal it remembers, or a wait in `RDMA_INTERCEPT_ON_LIMIT=wait` mode
+/// that would exceed `RDMA_INTERCEPT_MAX_WAIT_MS`).
 pub const ERRNO_DENIED: i32 = libc::EDQUOT;
 
 /// errno of a call refused because the collector could not decide
@@ -65,15 +69,54 @@ pub struct Settings {
     pub fail: FailMode,
     /// A setting that was not understood, to warn about once.
     pub problem: Option<String>,
+    /// `RDMA_INTERCEPT_ON_LIMIT`: `fail` (default) or `wait`.
+    pub on_limit: OnLimit,
+    /// `RDMA_INTERCEPT_MAX_WAIT_MS`: the longest one call waits in `wait`
+    /// mode ([`limit::DEFAULT_MAX_WAIT`] by default).
+    pub max_wait: Duration,
+    /// A rate-limit setting that was not understood, to warn about once.
+    pub limit_problem: Option<String>,
 }
 
 impl Settings {
-    /// Reads `RDMA_COLLECTOR` and `RDMA_INTERCEPT_FAIL`.
+    /// Reads `RDMA_COLLECTOR`, `RDMA_INTERCEPT_FAIL`,
+    /// `RDMA_INTERCEPT_ON_LIMIT` and `RDMA_INTERCEPT_MAX_WAIT_MS`.
     pub fn from_env() -> Settings {
         Settings::from_vars(
             std::env::var_os("RDMA_COLLECTOR").as_deref(),
             std::env::var_os("RDMA_INTERCEPT_FAIL").as_deref(),
         )
+        .with_limit_vars(
+            std::env::var_os("RDMA_INTERCEPT_ON_LIMIT").as_deref(),
+            std::env::var_os("RDMA_INTERCEPT_MAX_WAIT_MS").as_deref(),
+        )
+    }
+
+    /// These settings with the rate-limit behaviour from the values of
+    /// `RDMA_INTERCEPT_ON_LIMIT` and `RDMA_INTERCEPT_MAX_WAIT_MS`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rdma_intercept::intercept::Settings;
+    /// use rdma_intercept::limit::OnLimit;
+    ///
+    /// let s = Settings::from_vars(None, None).with_limit_vars(Some("wait".as_ref()), Some("500".as_ref()));
+    /// assert_eq!((s.on_limit, s.max_wait), (OnLimit::Wait, Duration::from_millis(500)));
+    /// ```
+    pub fn with_limit_vars(
+        mut self,
+        on_limit: Option<&OsStr>,
+        max_wait: Option<&OsStr>,
+    ) -> Settings {
+        let (mode, mode_problem) = limit::on_limit(on_limit);
+        let (wait, wait_problem) = limit::max_wait(max_wait);
+        self.on_limit = mode;
+        self.max_wait = wait;
+        self.limit_problem = match (mode_problem, wait_problem) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
+        self
     }
 
     /// Settings from the two variables' values; empty means unset.
@@ -98,6 +141,9 @@ impl Settings {
             collector,
             fail,
             problem,
+            on_limit: OnLimit::Fail,
+            max_wait: limit::DEFAULT_MAX_WAIT,
+            limit_problem: None,
         }
     }
 }
@@ -110,6 +156,10 @@ pub enum Decision {
     Proceed(Option<Ticket>),
     /// Fail the call with this errno, without calling the real function.
     Refuse(i32),
+    /// `RDMA_INTERCEPT_ON_LIMIT=wait`: a rate limit admits again at this
+    /// time; see [`limit::next_step`] whether to sleep until then (with the
+    /// state unlocked) and ask again, or to fail with [`ERRNO_DENIED`].
+    Wait(Instant),
 }
 
 /// An admission: the collector's ticket, on the connection it belongs to.
@@ -147,6 +197,8 @@ pub struct Ticket {
 ///     }
 ///     Decision::Proceed(None) => { /* fail-open: uncounted */ }
 ///     Decision::Refuse(errno) => eprintln!("{} (errno {errno})", log.join("\n")),
+///     // RDMA_INTERCEPT_ON_LIMIT=wait: sleep until then, unlocked, and ask again.
+///     Decision::Wait(_until) => {}
 /// }
 /// ```
 #[derive(Debug)]
@@ -160,6 +212,14 @@ pub struct Interceptor {
     objects: BTreeMap<usize, Ticket>,
     warned_open: bool,
     warned_setting: bool,
+    warned_no_retry: bool,
+    /// Rate refusals, answered here until they run out.
+    refusals: RefusalCache,
+    /// `ADMIT` requests sent to the collector.
+    asked: u64,
+    /// Calls refused (or sent to wait) from [`refusals`](Self::refusals)
+    /// without asking.
+    answered_locally: u64,
 }
 
 impl Default for Interceptor {
@@ -178,7 +238,22 @@ impl Interceptor {
             objects: BTreeMap::new(),
             warned_open: false,
             warned_setting: false,
+            warned_no_retry: false,
+            refusals: RefusalCache::new(),
+            asked: 0,
+            answered_locally: 0,
         }
+    }
+
+    /// `ADMIT` requests sent to the collector so far.
+    pub fn asked(&self) -> u64 {
+        self.asked
+    }
+
+    /// Calls refused, or sent to wait, by a remembered rate refusal without
+    /// asking the collector.
+    pub fn answered_locally(&self) -> u64 {
+        self.answered_locally
     }
 
     /// Objects created with a ticket and not destroyed yet.
@@ -205,13 +280,43 @@ impl Interceptor {
         bytes: u64,
         log: &mut Vec<String>,
     ) -> Decision {
+        self.admit_at(pid, settings, resource, bytes, Instant::now(), log)
+    }
+
+    /// [`admit`](Self::admit) at `now`.
+    ///
+    /// A verb a rate limit refused is answered here, without asking, until
+    /// the time the collector said it admits again: refused with
+    /// [`ERRNO_DENIED`] (`fail` mode) or [`Decision::Wait`] (`wait` mode).
+    /// Only the collector's refusal prints a line; the local repeats are
+    /// silent, or a flooding program would flood its stderr instead.
+    pub fn admit_at(
+        &mut self,
+        pid: u32,
+        settings: &Settings,
+        resource: Resource,
+        bytes: u64,
+        now: Instant,
+        log: &mut Vec<String>,
+    ) -> Decision {
         let verb = resource.create_verb();
         self.adopt(pid);
-        if let Some(problem) = &settings.problem {
-            if !std::mem::replace(&mut self.warned_setting, true) {
+        let problems = [&settings.problem, &settings.limit_problem];
+        if problems.iter().any(|p| p.is_some())
+            && !std::mem::replace(&mut self.warned_setting, true)
+        {
+            for problem in problems.into_iter().flatten() {
                 log.push(format!("rdma-intercept: {problem}"));
             }
         }
+        if let Some(until) = self.refusals.held(verb, now) {
+            self.answered_locally += 1;
+            return match settings.on_limit {
+                OnLimit::Fail => Decision::Refuse(ERRNO_DENIED),
+                OnLimit::Wait => Decision::Wait(until),
+            };
+        }
+        self.asked += 1;
         let request = Request::Admit { verb, bytes };
         let reused = self.conn.is_some();
         let mut reply = match self.connection(settings) {
@@ -233,10 +338,7 @@ impl Interceptor {
                 generation: self.generation,
                 id,
             })),
-            Ok(Reply::Deny(reason)) => {
-                log.push(format!("rdma-intercept: {verb} refused: {reason}"));
-                Decision::Refuse(ERRNO_DENIED)
-            }
+            Ok(Reply::Deny(reason)) => self.denied(settings, verb, &reason, now, log),
             Ok(Reply::Err(message)) => {
                 self.lose_connection(log);
                 self.cannot_ask(settings, verb, &Problem::Answered(message), log)
@@ -248,6 +350,48 @@ impl Interceptor {
             Err(e) => {
                 self.lose_connection(log);
                 self.cannot_ask(settings, verb, &Problem::Failed(e), log)
+            }
+        }
+    }
+
+    /// The collector refused: remember a rate refusal's retry time, then
+    /// fail or wait.
+    fn denied(
+        &mut self,
+        settings: &Settings,
+        verb: Verb,
+        reason: &str,
+        now: Instant,
+        log: &mut Vec<String>,
+    ) -> Decision {
+        let (text, retry_after) = rdma_quota::wire::retry_after(reason);
+        match (retry_after, settings.on_limit) {
+            (Some(wait), OnLimit::Fail) => {
+                self.refusals.remember(verb, now, wait);
+                log.push(format!(
+                    "rdma-intercept: {verb} refused: {text}; refusing {verb} here for the next \
+                     {} ms without asking the collector",
+                    wait.as_millis()
+                ));
+                Decision::Refuse(ERRNO_DENIED)
+            }
+            // Waiting is quiet: the caller gets its object, only later.
+            (Some(wait), OnLimit::Wait) => {
+                self.refusals.remember(verb, now, wait);
+                Decision::Wait(now + wait.min(rdma_quota::wire::RETRY_AFTER_MAX))
+            }
+            (None, mode) => {
+                if mode == OnLimit::Wait && !std::mem::replace(&mut self.warned_no_retry, true) {
+                    log.push(format!(
+                        "rdma-intercept: the collector's refusal says no time to retry at \
+                         (a count or byte limit, which waits on a destruction, or a collector \
+                         older than protocol version {}); refusing instead of waiting \
+                         (RDMA_INTERCEPT_ON_LIMIT=wait); this note is printed once",
+                        rdma_quota::wire::VERSION
+                    ));
+                }
+                log.push(format!("rdma-intercept: {verb} refused: {text}"));
+                Decision::Refuse(ERRNO_DENIED)
             }
         }
     }
@@ -700,5 +844,152 @@ mod tests {
         assert_eq!(d, Decision::Refuse(libc::EACCES));
         state.created(1, 0x20, t);
         assert_eq!(state.tracked(), 0);
+    }
+
+    fn cq_rate_limited(line: &str) -> String {
+        match line {
+            "ADMIT CQ_CREATE" => "DENY CQ_CREATE limit 20/s exceeded globally (20 calls in the \
+                                  last second); retry_after_ms=50\n"
+                .into(),
+            "ADMIT QP_CREATE" => "OK 3\n".into(),
+            _ => "ERR unexpected\n".into(),
+        }
+    }
+
+    /// What a collector older than protocol version 2 says: no retry time.
+    fn cq_rate_limited_v1(line: &str) -> String {
+        match line {
+            "ADMIT CQ_CREATE" => {
+                "DENY CQ_CREATE limit 20/s exceeded globally (20 calls in the last second)\n".into()
+            }
+            _ => "ERR unexpected\n".into(),
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_rate_refusal_is_repeated_locally_until_its_retry_time() {
+        let (_dir, settings, seen) = collector(cq_rate_limited);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let t0 = Instant::now();
+        let first = state.admit_at(1, &settings, Resource::Cq, 0, t0, &mut log);
+        assert_eq!(first, Decision::Refuse(libc::EDQUOT));
+        assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        assert_eq!(
+            log,
+            [
+                "rdma-intercept: CQ_CREATE refused: CQ_CREATE limit 20/s exceeded globally \
+              (20 calls in the last second); refusing CQ_CREATE here for the next 50 ms \
+              without asking the collector"
+            ]
+        );
+        log.clear();
+        // A thousand retries within the 50 ms: refused here, silently, unasked.
+        for i in 0..1000u32 {
+            let now = t0 + Duration::from_micros(u64::from(i) * 49);
+            let decision = state.admit_at(1, &settings, Resource::Cq, 0, now, &mut log);
+            assert_eq!(decision, Decision::Refuse(libc::EDQUOT), "retry {i}");
+        }
+        assert!(log.is_empty(), "{log:?}");
+        assert_eq!((state.asked(), state.answered_locally()), (1, 1000));
+        // Another verb is not held by this refusal.
+        let qp = state.admit_at(1, &settings, Resource::Qp, 0, t0 + ms(10), &mut log);
+        assert!(matches!(qp, Decision::Proceed(Some(_))), "{qp:?}");
+        assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        // Nothing else reached the collector meanwhile.
+        assert!(seen.try_recv().is_err());
+        // At the retry time the collector is asked again.
+        let again = state.admit_at(1, &settings, Resource::Cq, 0, t0 + ms(50), &mut log);
+        assert_eq!(again, Decision::Refuse(libc::EDQUOT));
+        assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        assert_eq!((state.asked(), state.answered_locally()), (3, 1000));
+    }
+
+    #[test]
+    fn without_a_retry_time_every_call_is_asked() {
+        // The behaviour before protocol version 2, and still that of count
+        // limits: each refused call costs the collector a request.
+        let (_dir, settings, seen) = collector(cq_rate_limited_v1);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let t0 = Instant::now();
+        for i in 0..20 {
+            let d = state.admit_at(1, &settings, Resource::Cq, 0, t0 + ms(i), &mut log);
+            assert_eq!(d, Decision::Refuse(libc::EDQUOT));
+            assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        }
+        assert_eq!((state.asked(), state.answered_locally()), (20, 0));
+        assert_eq!(log.len(), 20);
+        assert_eq!(
+            log[0],
+            "rdma-intercept: CQ_CREATE refused: CQ_CREATE limit 20/s exceeded globally \
+             (20 calls in the last second)"
+        );
+    }
+
+    #[test]
+    fn wait_mode_waits_until_the_retry_time_and_says_once_when_it_cannot() {
+        let (_dir, settings, seen) = collector(cq_rate_limited);
+        let settings = settings.with_limit_vars(Some("wait".as_ref()), None);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let t0 = Instant::now();
+        let d = state.admit_at(1, &settings, Resource::Cq, 0, t0, &mut log);
+        assert_eq!(d, Decision::Wait(t0 + ms(50)));
+        assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        // Another thread of the program asking meanwhile waits for the same time.
+        let d = state.admit_at(1, &settings, Resource::Cq, 0, t0 + ms(20), &mut log);
+        assert_eq!(d, Decision::Wait(t0 + ms(50)));
+        assert!(seen.try_recv().is_err());
+        assert!(log.is_empty(), "waiting is quiet: {log:?}");
+        assert_eq!(
+            limit::next_step(
+                settings.on_limit,
+                t0,
+                t0 + ms(20),
+                t0 + ms(50),
+                settings.max_wait
+            ),
+            limit::Next::Sleep(ms(30))
+        );
+
+        // A collector that gives no retry time: wait mode cannot wait.
+        let (_dir1, settings, seen) = collector(cq_rate_limited_v1);
+        let settings = settings.with_limit_vars(Some("wait".as_ref()), None);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        for _ in 0..3 {
+            let d = state.admit_at(1, &settings, Resource::Cq, 0, t0, &mut log);
+            assert_eq!(d, Decision::Refuse(libc::EDQUOT));
+            assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        }
+        let notes = log
+            .iter()
+            .filter(|l| l.contains("refusing instead of waiting"))
+            .count();
+        assert_eq!(notes, 1, "{log:?}");
+    }
+
+    #[test]
+    fn bad_limit_settings_are_named_once_with_the_other_problems() {
+        let (_dir, settings, _seen) = collector(cq_rate_limited);
+        let settings = Settings {
+            problem: Some("RDMA_INTERCEPT_FAIL=\"x\" is neither".into()),
+            ..settings
+        }
+        .with_limit_vars(Some("sleep".as_ref()), Some("soon".as_ref()));
+        assert_eq!(settings.on_limit, OnLimit::Fail);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        state.admit(1, &settings, Resource::Qp, 0, &mut log);
+        state.admit(1, &settings, Resource::Qp, 0, &mut log);
+        assert_eq!(log.len(), 2, "{log:?}");
+        assert!(log[0].contains("RDMA_INTERCEPT_FAIL"));
+        assert!(log[1].contains("RDMA_INTERCEPT_ON_LIMIT=\"sleep\""));
+        assert!(log[1].contains("RDMA_INTERCEPT_MAX_WAIT_MS=\"soon\""));
     }
 }

@@ -17,6 +17,14 @@
 //! rdma-intercept: QP_CREATE refused: QP_COUNT limit 1 reached globally (1 live)
 //! ```
 //!
+//! A refused *rate* (a verb's calls-per-second limit) comes with the time the
+//! limit admits again (protocol version 2); until then the interceptor
+//! refuses that verb itself, with the same `errno = EDQUOT`, without asking
+//! the collector and without printing, so a program retrying in a loop costs
+//! the collector a few requests per admitted call instead of one per
+//! refusal. With `RDMA_INTERCEPT_ON_LIMIT=wait` the call sleeps until then
+//! instead ([`limit`]).
+//!
 //! Destructions are never refused; they give the resource's ticket back.
 //! When the process exits (or crashes), the collector sees its connection
 //! close and releases all its tickets.
@@ -24,6 +32,8 @@
 //! Modules, in reading order:
 //! - [`intercept`]: what the hooks decide (admission, the object → ticket
 //!   table, fork, connection loss), as plain data tested without RDMA;
+//! - [`limit`]: remembered rate refusals and the wait logic, pure and
+//!   clock-injected;
 //! - [`client`]: the blocking collector connection, on raw `libc` calls;
 //! - [`hooks`]: the exported `ibv_*` functions that shadow libibverbs.
 //!
@@ -38,6 +48,21 @@
 //! - `RDMA_INTERCEPT_FAIL`: `closed` (default) refuses creations when the
 //!   collector cannot be asked (`errno = EACCES`, one stderr line per
 //!   refusal); `open` lets them through uncounted after a one-time warning.
+//! - `RDMA_INTERCEPT_ON_LIMIT`: what a creation refused by a rate limit does.
+//!   `fail` (default) returns NULL with `errno = EDQUOT` at once, as before
+//!   this setting existed: programs that handle the refusal keep working and
+//!   no call blocks that never blocked. `wait` sleeps until the limit admits
+//!   again, then asks; a refusal that says no time (a count or byte limit,
+//!   which ends with a destruction no clock predicts, or a collector older
+//!   than protocol version 2) fails at once as in `fail` mode.
+//! - `RDMA_INTERCEPT_MAX_WAIT_MS`: the longest one call waits in `wait` mode,
+//!   across repeated refusals (default 2000, at most 60000); a call whose
+//!   next token is further away fails with `EDQUOT` at once. Only creating
+//!   hooks wait, with the interceptor's lock released and before libibverbs
+//!   is entered, so no verbs lock is held while sleeping; destroys never
+//!   wait, so a program freeing resources is never held up. A thread that
+//!   holds its *own* lock across a creation holds it while waiting, at most
+//!   this long.
 //!
 //! # Protocol
 //!
@@ -62,6 +87,7 @@
 pub mod client;
 pub mod hooks;
 pub mod intercept;
+pub mod limit;
 
 /// The crate's README, whose examples run as doctests so they cannot go stale.
 #[doc = include_str!("../README.md")]

@@ -185,3 +185,139 @@ fn a_forked_child_asks_on_its_own_connection() {
     events.retain(|e| !e.starts_with("connect "));
     assert_eq!(events, ["ADMIT QP_CREATE", "ADMIT QP_CREATE"]);
 }
+
+/// A collector stand-in that refuses every `ADMIT` as a rate limit would,
+/// with a retry time of `retry_ms` (protocol version 2), and reports each
+/// request line.
+fn rate_limited_collector(
+    dir: &Path,
+    retry_ms: u64,
+) -> (std::path::PathBuf, mpsc::Receiver<String>) {
+    let path = dir.join("collector.sock");
+    let listener = UnixListener::bind(&path).expect("bind");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut writer = stream;
+                let mut line = String::new();
+                while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                    let _ = tx.send(line.trim_end().to_owned());
+                    let reply = format!(
+                        "DENY CQ_CREATE limit 1/s exceeded globally (1 calls in the last \
+                         second); retry_after_ms={retry_ms}\n"
+                    );
+                    if writer.write_all(reply.as_bytes()).is_err() {
+                        break;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    (path, rx)
+}
+
+#[test]
+fn repeated_refusals_are_answered_without_asking_until_the_retry_time() {
+    if !libibverbs_installed() {
+        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    // One second (the most the interceptor believes): far longer than the
+    // 500 calls take, so exactly one of them may ask.
+    let (socket, seen) = rate_limited_collector(dir.path(), 1000);
+    let out = probe_args(
+        &["create_cq", "--repeat", "500"],
+        &[("RDMA_COLLECTOR", &socket)],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let elapsed_ms: u64 = lines
+        .last()
+        .and_then(|l| l.strip_prefix("elapsed_ms="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed_ms in {stdout}"));
+    assert!(
+        elapsed_ms < 1000,
+        "500 calls took {elapsed_ms} ms: the test needs them within the retry time"
+    );
+    assert_eq!(lines.len(), 501, "{stdout}");
+    assert!(
+        lines[..500].iter().all(|l| *l == "null errno=122"),
+        "{stdout}"
+    );
+    assert_eq!(
+        seen.recv_timeout(Duration::from_secs(5))
+            .expect("asked once"),
+        "ADMIT CQ_CREATE"
+    );
+    assert!(
+        seen.recv_timeout(Duration::from_millis(100)).is_err(),
+        "the collector was asked more than once for 500 refusals"
+    );
+    // One line for the collector's refusal; the 499 repeats are silent.
+    assert_eq!(
+        text(&out.stderr),
+        "rdma-intercept: CQ_CREATE refused: CQ_CREATE limit 1/s exceeded globally (1 calls in \
+         the last second); refusing CQ_CREATE here for the next 1000 ms without asking the \
+         collector\n"
+    );
+}
+
+#[test]
+fn wait_mode_sleeps_to_each_retry_time_and_gives_up_at_the_maximum_wait() {
+    if !libibverbs_installed() {
+        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Every answer says "in 100 ms"; the call may wait 350 ms in all. (The
+    // probe's objects are null, so this collector never admits.)
+    let (socket, seen) = rate_limited_collector(dir.path(), 100);
+    let mut cmd = Command::new(common::example("preload-probe"));
+    let out = cmd
+        .args(["create_cq", "--repeat", "1"])
+        .env("LD_PRELOAD", common::cdylib())
+        .env("RDMA_COLLECTOR", &socket)
+        .env("RDMA_INTERCEPT_ON_LIMIT", "wait")
+        .env("RDMA_INTERCEPT_MAX_WAIT_MS", "350")
+        .env_remove("RDMA_INTERCEPT_FAIL")
+        .output()
+        .expect("running preload-probe");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"null errno=122"), "{stdout}");
+    let elapsed_ms: u64 = lines
+        .get(1)
+        .and_then(|l| l.strip_prefix("elapsed_ms="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed_ms in {stdout}"));
+    // It slept to each retry time and asked again: at t = 0, 100, 200 and
+    // 300 ms at the earliest (later on a slow host); it gave up when the
+    // next time (400 ms) passed the 350 ms bound, not before.
+    let asked: Vec<String> =
+        std::iter::from_fn(|| seen.recv_timeout(Duration::from_millis(200)).ok()).collect();
+    assert!(
+        (2..=4).contains(&asked.len()) && asked.iter().all(|l| l == "ADMIT CQ_CREATE"),
+        "{asked:?}"
+    );
+    let slept = 100 * (asked.len() as u64 - 1);
+    assert!(
+        elapsed_ms >= slept && elapsed_ms < 350 + 2000,
+        "{elapsed_ms} ms for {} requests",
+        asked.len()
+    );
+    // Waiting is quiet; giving up says why, once.
+    assert_eq!(
+        text(&out.stderr),
+        "rdma-intercept: CQ_CREATE refused: its rate limit admits no call within \
+         RDMA_INTERCEPT_MAX_WAIT_MS=350 of this one (EDQUOT; this note is printed once)\n"
+    );
+}

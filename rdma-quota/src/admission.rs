@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::{Limits, QuotaConfig};
 use crate::key::LimitKey;
@@ -215,6 +215,43 @@ impl TenantQuota {
     /// [`admit_mr`](Self::admit_mr) at `now`.
     pub fn admit_mr_at(&self, bytes: u64, now: Instant) -> Result<Admission, Refusal> {
         self.admit_inner(Verb::MrReg, bytes, now)
+    }
+
+    /// For a rate refusal, how long after `now` the limit that refused would
+    /// admit a call again (the time a refused caller can be told to retry
+    /// after); `None` for other refusals, which wait on a destruction that
+    /// no clock can predict.
+    ///
+    /// The other scope's limit may still refuse then: this is the earliest
+    /// time worth asking again, not a promise.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use rdma_quota::{QuotaConfig, Quotas, TenantInfo, Verb};
+    ///
+    /// let config = QuotaConfig::parse("CQ_CREATE 2\n", "quota.conf")?;
+    /// let quotas = Quotas::new(config);
+    /// let t = quotas.register(TenantInfo { identity: "a".into(), pid: 1, cgroup_id: 1 });
+    /// let t0 = Instant::now();
+    /// let _one = t.admit_at(Verb::CqCreate, t0)?;
+    /// let _two = t.admit_at(Verb::CqCreate, t0 + Duration::from_millis(100))?;
+    /// let later = t0 + Duration::from_millis(250);
+    /// let refusal = t.admit_at(Verb::CqCreate, later).unwrap_err();
+    /// assert_eq!(t.retry_after(&refusal, later), Some(Duration::from_millis(750)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn retry_after(&self, refusal: &Refusal, now: Instant) -> Option<Duration> {
+        let Refusal::Rate { key, scope, .. } = refusal else {
+            return None;
+        };
+        let verb = key.verb()?;
+        let config = &self.shared.config;
+        let state = self.shared.lock();
+        let (limits, usage) = match scope {
+            Scope::Global => (&config.global, &state.global),
+            Scope::Tenant(name) => (config.tenant(name)?, &state.tenants.get(name)?.usage),
+        };
+        usage.windows[verb_index(verb)].next_free(now, limits.rate(verb)?)
     }
 
     fn admit_inner(&self, verb: Verb, bytes: u64, now: Instant) -> Result<Admission, Refusal> {

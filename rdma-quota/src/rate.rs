@@ -53,6 +53,42 @@ impl RateWindow {
         true
     }
 
+    /// How long after `now` a call would be admitted under `limit` (zero if
+    /// one would be admitted now), or `None` for no limit (`limit == 0`).
+    ///
+    /// This is when the oldest call that keeps the window full leaves it: the
+    /// "retry after" a refused caller is told, so that it need not ask again
+    /// before then.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use rdma_quota::RateWindow;
+    ///
+    /// let mut window = RateWindow::default();
+    /// let t0 = Instant::now();
+    /// assert!(window.try_acquire(t0, 2));
+    /// assert!(window.try_acquire(t0 + Duration::from_millis(300), 2));
+    /// let at = t0 + Duration::from_millis(400);
+    /// assert_eq!(window.next_free(at, 2), Some(Duration::from_millis(600)));
+    /// assert_eq!(window.next_free(at, 3), Some(Duration::ZERO));
+    /// assert_eq!(window.next_free(at, 0), None);
+    /// ```
+    pub fn next_free(&self, now: Instant, limit: u64) -> Option<Duration> {
+        if limit == 0 {
+            return None;
+        }
+        let expired = self.admitted.partition_point(|t| expired(*t, now));
+        let live = self.admitted.len() - expired;
+        let cap = usize::try_from(limit).unwrap_or(usize::MAX);
+        if live < cap {
+            return Some(Duration::ZERO);
+        }
+        // With `live >= cap`, a call is admitted once `live - cap + 1` calls
+        // have left: the one at index `live - cap` among the unexpired.
+        let blocking = self.admitted[expired + (live - cap)];
+        Some((blocking + WINDOW).saturating_duration_since(now))
+    }
+
     /// How many calls were admitted in the second up to `now`.
     pub fn current(&self, now: Instant) -> u64 {
         let expired = self.admitted.partition_point(|t| expired(*t, now));
@@ -170,6 +206,24 @@ mod tests {
         assert_eq!(w.current(t0 + ms(5000)), 0);
         // A reading from before the calls sees them all (saturating).
         assert_eq!(w.current(t0), 4);
+    }
+
+    #[test]
+    fn next_free_is_when_the_blocking_call_leaves() {
+        let t0 = Instant::now();
+        let mut w = RateWindow::default();
+        assert_eq!(w.next_free(t0, 2), Some(Duration::ZERO));
+        for i in 0..3 {
+            assert!(w.try_acquire(t0 + ms(i * 100), 3));
+        }
+        assert_eq!(w.next_free(t0 + ms(250), 3), Some(ms(750)));
+        // The limit lowered to 2: the second call (at 100 ms) must leave.
+        assert_eq!(w.next_free(t0 + ms(250), 2), Some(ms(850)));
+        assert_eq!(w.next_free(t0 + ms(1000), 3), Some(Duration::ZERO));
+        // Whatever next_free says, try_acquire agrees at that instant.
+        let wait = w.next_free(t0 + ms(500), 3).expect("limited");
+        assert!(!w.try_acquire(t0 + ms(500) + wait - ms(1), 3));
+        assert!(w.try_acquire(t0 + ms(500) + wait, 3));
     }
 
     #[test]

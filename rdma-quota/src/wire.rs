@@ -27,6 +27,23 @@
 //! exists. `DENY` reasons are the quota's [`Refusal`](crate::Refusal)
 //! messages, e.g. `QP_COUNT limit 1 reached globally (1 live)`.
 //!
+//! # Version 2: retry times
+//!
+//! This is protocol version 2 ([`VERSION`]). It adds one thing to version 1:
+//! a `DENY` of a *rate* limit may end with `; retry_after_ms=<N>`, the
+//! milliseconds until the limit that refused would admit a call again
+//! ([`Reply::deny`], [`retry_after`]). An interceptor answers repeated calls
+//! of that verb itself until then, without asking ([`RETRY_AFTER_MAX`]
+//! bounds how long it believes the collector). Count and byte refusals carry
+//! no retry time: they end when something is destroyed, which no clock
+//! predicts, so they are asked about every time.
+//!
+//! Both directions stay compatible without a handshake. A version 1
+//! interceptor reads the suffix as part of the reason and prints it (the
+//! refusal is still a `DENY`, the errno the same). A version 2 interceptor
+//! talking to a version 1 collector sees no retry time and asks every time,
+//! as before; it says so once when told to wait (`RDMA_INTERCEPT_ON_LIMIT=wait`).
+//!
 //! A line that does not parse (unknown command, bad number, not UTF-8, over
 //! 512 bytes) is answered with `ERR <message>` and the connection is closed,
 //! releasing its tickets. Destroying verbs cannot be admitted: destruction
@@ -53,6 +70,50 @@
 use std::fmt;
 
 use crate::Verb;
+
+/// The protocol version these types speak; see the module docs.
+pub const VERSION: u32 = 2;
+
+/// What precedes the milliseconds of a `DENY`'s retry time.
+pub const RETRY_AFTER_TAG: &str = "; retry_after_ms=";
+
+/// The longest retry time a client should believe. A rate limit counts over
+/// one second, so its next token is never further away; a larger value is a
+/// bug or a lie, and believing it would refuse (or stall) a program for
+/// longer than any limit asks.
+pub const RETRY_AFTER_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The retry time at the end of a `DENY` reason, if it has one (version 2),
+/// and the reason without it. Values above [`RETRY_AFTER_MAX`] are cut to it.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdma_quota::wire::{retry_after, Reply};
+///
+/// let reply = Reply::deny("CQ_CREATE limit 20/s exceeded globally", Some(Duration::from_micros(36_200)));
+/// assert_eq!(reply.to_line(), "DENY CQ_CREATE limit 20/s exceeded globally; retry_after_ms=37\n");
+/// let Reply::Deny(reason) = Reply::parse(&reply.to_line())? else { unreachable!() };
+/// assert_eq!(
+///     retry_after(&reason),
+///     ("CQ_CREATE limit 20/s exceeded globally", Some(Duration::from_millis(37)))
+/// );
+/// // A version 1 reason has none.
+/// assert_eq!(retry_after("QP_COUNT limit 1 reached globally (1 live)").1, None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn retry_after(reason: &str) -> (&str, Option<std::time::Duration>) {
+    let Some((text, ms)) = reason.rsplit_once(RETRY_AFTER_TAG) else {
+        return (reason, None);
+    };
+    if ms.is_empty() || !ms.bytes().all(|b| b.is_ascii_digit()) {
+        return (reason, None);
+    }
+    let wait = ms
+        .parse::<u64>()
+        .map(std::time::Duration::from_millis)
+        .unwrap_or(RETRY_AFTER_MAX);
+    (text, Some(wait.min(RETRY_AFTER_MAX)))
+}
 
 /// The longest line either side sends or accepts, `\n` included.
 pub const MAX_LINE: usize = 512;
@@ -323,6 +384,19 @@ pub struct BadReply {
 }
 
 impl Reply {
+    /// A `DENY` with `reason` and, for a rate refusal, the time until the
+    /// limit admits again, rounded up to whole milliseconds (at least 1, so
+    /// that "now" is never mistaken for "no retry time").
+    pub fn deny(reason: impl fmt::Display, retry_after: Option<std::time::Duration>) -> Reply {
+        match retry_after {
+            None => Reply::Deny(reason.to_string()),
+            Some(wait) => {
+                let ms = wait.as_nanos().div_ceil(1_000_000).max(1);
+                Reply::Deny(format!("{reason}{RETRY_AFTER_TAG}{ms}"))
+            }
+        }
+    }
+
     /// The reply as one protocol line: control characters become spaces and
     /// the line is cut to [`MAX_LINE`], so a message can never break framing.
     pub fn to_line(&self) -> String {
