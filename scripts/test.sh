@@ -145,6 +145,37 @@ PY
 # workspace's own unpublished crates in a local registry for the ones that need them). A path
 # dependency without a version, a file outside the crate or missing metadata fails here.
 stage "crates packaged"
+# Cargo unpacks each packaged crate from its local registry (target/package/tmp-registry) into
+# $CARGO_HOME/registry/src/-<hash of that path>/NAME-VERSION, and reuses a copy unpacked there
+# before: a registry's NAME-VERSION is supposed never to change. Ours do change while the version
+# stays 0.1.0, so where CARGO_HOME outlives the checkout (CI's cache, the same clone path every
+# run), a crate would be verified against an earlier run's sources of its workspace dependencies
+# (seen: secure-rdma against an rdma-quota without `spiffe`). For the same reason the target
+# dir's builds of those copies are trusted by their old file list (a new module is not in it).
+# Remove both first.
+python3 - <<'PY'
+import glob, json, os, shutil, subprocess
+home = os.environ.get("CARGO_HOME") or os.path.expanduser("~/.cargo")
+meta = json.loads(subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps", "--locked"],
+                                 check=True, capture_output=True, text=True).stdout)
+debug = os.path.join(meta["target_directory"], "debug")
+for p in meta["packages"]:
+    # Only registries named "-<hash>" are local ones; crates.io's unpacked sources are left alone.
+    for d in glob.glob(os.path.join(home, "registry", "src", "-*", f"{p['name']}-{p['version']}")):
+        shutil.rmtree(d, ignore_errors=True)
+    # A build of a packaged copy is the one whose dep-info lists files under such a registry.
+    for fp in glob.glob(os.path.join(debug, ".fingerprint", p["name"] + "-*")):
+        unit = os.path.basename(fp)[len(p["name"]) + 1:]
+        if "-" in unit:
+            continue  # another crate whose name starts with this one's
+        dep = os.path.join(debug, "deps", f"{p['name'].replace('-', '_')}-{unit}.d")
+        try:
+            packaged = "/registry/src/-" in open(dep, encoding="utf-8", errors="replace").read()
+        except OSError:
+            continue
+        if packaged:
+            shutil.rmtree(fp, ignore_errors=True)
+PY
 # --allow-dirty: a developer's uncommitted change is checked as it stands (CI's clone is clean).
 crates_rc=0
 cargo package --workspace --exclude secure-rdma-tests --locked --allow-dirty >"$LOGDIR/crates.log" 2>&1 ||

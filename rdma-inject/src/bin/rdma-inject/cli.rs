@@ -592,6 +592,20 @@ mod tests {
         assert!(e.contains("cannot be used with"), "{e}");
         let e = usage_error(&["--replay", "f.pcap", "--iface", "x", "--send", "a"]);
         assert!(e.contains("cannot be used with"), "{e}");
+        // A memory access and a sealed mode are two different packets: neither may win silently.
+        for sealed in [
+            &["--sealed-forge"][..],
+            &["--sealed-renumber", "f.pcap"],
+            &["--reflect"],
+        ] {
+            for access in [&["--read"][..], &["--write", "x"]] {
+                let mut args = vec!["--observe", "veth-b", "--dst", "10.77.0.1"];
+                args.extend_from_slice(access);
+                args.extend_from_slice(sealed);
+                let e = usage_error(&args);
+                assert!(e.contains("cannot be used with"), "{args:?}: {e}");
+            }
+        }
         // Blind-only flags need --blind.
         let e = parse(&["--observe", "veth-b", "--qpn", "17"])
             .unwrap()

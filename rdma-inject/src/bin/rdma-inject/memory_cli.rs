@@ -14,7 +14,8 @@ pub struct MemoryArgs {
     /// (default: the observed WRITE's rkey), then report what the responder answers: READ
     /// responses (memory read out), an ACK, or a NAK (--observe)
     #[arg(long, requires = "observe",
-          conflicts_with_all = ["send", "send_hex", "write_imm", "write", "blind", "replay"])]
+          conflicts_with_all = ["send", "send_hex", "write_imm", "write", "blind", "replay",
+                                "sealed_forge", "sealed_renumber", "reflect"])]
     pub read: bool,
     /// Bytes the --read asks for
     #[arg(long, value_name = "N", default_value_t = 64, requires = "read",
@@ -23,7 +24,8 @@ pub struct MemoryArgs {
     /// Inject a plain RC RDMA WRITE Only (no immediate, so the responder raises no completion)
     /// of TEXT at the observed (or --rkey/--addr) target, then report the answer (--observe)
     #[arg(long, value_name = "TEXT", requires = "observe",
-          conflicts_with_all = ["send", "send_hex", "write_imm", "blind", "replay"])]
+          conflicts_with_all = ["send", "send_hex", "write_imm", "blind", "replay",
+                                "sealed_forge", "sealed_renumber", "reflect"])]
     pub write: Option<String>,
     /// The rkey of --read, --write or --write-imm instead of the observed one (e.g. a previous
     /// session's), decimal or 0x-hex
