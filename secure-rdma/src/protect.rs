@@ -949,10 +949,24 @@ impl Protection {
         side: Side,
         cipher: Cipher,
     ) -> Result<Protection, rustls::Error> {
+        Protection::from_tls_lane(conn, side, cipher, 0)
+    }
+
+    /// The payload keys of `lane` of this TLS session ([`crate::lanes`]): the exporter context
+    /// names the lane, so every lane has keys of its own that no other lane can open. Lane 0
+    /// derives exactly what [`Protection::from_tls`] does (the context of a session without
+    /// lanes), so a session that never opens a second lane is unchanged on the wire.
+    pub fn from_tls_lane<D>(
+        conn: &rustls::ConnectionCommon<D>,
+        side: Side,
+        cipher: Cipher,
+        lane: u32,
+    ) -> Result<Protection, rustls::Error> {
         let export =
             |label: &[u8], sender: Side| -> Result<Zeroizing<[u8; KEY_LEN]>, rustls::Error> {
                 let mut out = Zeroizing::new([0u8; KEY_LEN]);
-                conn.export_keying_material(&mut out[..], label, Some(key_context(sender)))?;
+                let context = crate::lanes::lane_context(key_context(sender), lane);
+                conn.export_keying_material(&mut out[..], label, Some(&context))?;
                 Ok(out)
             };
         let (mine, theirs) = (export(KEY_LABEL, side)?, export(KEY_LABEL, side.peer())?);

@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::lanes::Lane;
 use super::link::Link;
 use super::{Backoff, ClientError, Connector};
 use crate::datapath::{AbortReason, Ack, Op, StreamId};
@@ -148,8 +149,14 @@ struct Pending {
 
 /// A connected client, whose operations survive a lost session.
 pub struct Client {
-    // Drop order: the link (RDMA, then TLS) first.
-    link: Link,
+    // Drop order: the lanes, then the link (RDMA, then TLS).
+    /// The session's lanes beyond the first ([`crate::lanes`]), in the order opened.
+    pub(super) lanes: Vec<Lane>,
+    pub(super) link: Link,
+    /// Where [`Client::pick_lane`] starts looking: the lane after the last one chosen.
+    pub(super) lane_turn: usize,
+    /// Operations posted on lane 0 (the session's first QP), resent ones included.
+    pub(super) lane0_posted: u64,
     connector: Connector,
     stream: StreamId,
     /// The sequence the next new operation gets.
@@ -177,7 +184,10 @@ impl Client {
         device: Arc<Device>,
     ) -> Client {
         Client {
+            lanes: Vec::new(),
             link,
+            lane_turn: 0,
+            lane0_posted: 0,
             connector,
             stream,
             next_seq: 1,
@@ -354,7 +364,36 @@ impl Client {
     /// client.quit().await;
     /// # Ok(()) }
     /// ```
+    ///
+    /// With more lanes ([`Client::add_lane`]), each operation goes on the lane with the fewest
+    /// awaiting acknowledgement ([`Client::pick_lane`]); each lane keeps its own order and
+    /// sequences, and the acknowledgements of different lanes come in no set order.
     pub async fn post(&mut self, op: Op, data: &[u8]) -> Result<Vec<Ack>, ClientError> {
+        if self.lanes.is_empty() {
+            return self.post_lane0(op, data).await;
+        }
+        match self.pick_lane() {
+            0 => self.post_lane0(op, data).await,
+            i => {
+                let mut acks = Vec::new();
+                let lane = &mut self.lanes[i - 1];
+                while lane.outstanding.len() >= lane.window() {
+                    acks.push(lane.next_ack().await?);
+                }
+                lane.post(op, data).await?;
+                Ok(acks)
+            }
+        }
+    }
+
+    /// Operations of lane 0 without an acknowledgement.
+    pub(super) fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// [`Client::post`] on lane 0, the session's first QP, whose stream is resumed when the
+    /// session is lost.
+    async fn post_lane0(&mut self, op: Op, data: &[u8]) -> Result<Vec<Ack>, ClientError> {
         let mut acks = Vec::new();
         while self.link.in_flight >= self.link.window() && !self.unacked.is_empty() {
             acks.push(self.ack().await?);
@@ -389,6 +428,7 @@ impl Client {
             let p = &self.unacked[i];
             let (op, seq) = (p.op, p.seq);
             self.link.post(op, &self.unacked[i].data).await?;
+            self.lane0_posted += 1;
             self.unacked[i].posted = true;
             self.sent = self.sent.max(seq);
         }
@@ -406,6 +446,11 @@ impl Client {
         let mut acks: Vec<Ack> = self.ready.drain(..).collect();
         while !self.unacked.is_empty() || !self.ready.is_empty() {
             acks.push(self.ack().await?);
+        }
+        for lane in self.lanes.iter_mut() {
+            while !lane.outstanding.is_empty() {
+                acks.push(lane.next_ack().await?);
+            }
         }
         Ok(acks)
     }
@@ -460,7 +505,9 @@ impl Client {
     }
 
     /// Says bye, waits briefly for the server's bye, and frees everything.
-    pub async fn quit(self) {
+    pub async fn quit(mut self) {
+        // The lanes' QPs first: the server ends them with the session.
+        self.lanes.clear();
         self.link.quit().await;
     }
 
@@ -556,8 +603,26 @@ impl Client {
             sent: self.sent,
         };
         let (link, identity, device, resume, _) = self.connector.connect_link(hello).await?;
+        // The other lanes belonged to the lost session's TLS connection, which the server
+        // ends with it: they go too, and what they had unacknowledged is reported, since lanes
+        // other than the first are not resumed.
+        let orphaned: usize = self.lanes.iter().map(|l| l.outstanding.len()).sum();
+        let lost_lanes = self.lanes.len();
+        self.lanes.clear();
         // The old link goes now: its QP can deliver nothing the new answer does not cover.
         self.link = link;
+        if orphaned > 0 {
+            return Err(ClientError::LanesLost {
+                lanes: lost_lanes,
+                unacknowledged: orphaned,
+            });
+        }
+        if lost_lanes > 0 {
+            tracing::warn!(
+                lanes = lost_lanes,
+                "the lost session's other lanes are closed; the new session has one lane"
+            );
+        }
         self.identity = identity;
         self.device = device;
         for p in self.unacked.iter_mut() {

@@ -17,10 +17,16 @@ use tokio::sync::watch;
 use super::accept::Outcome;
 use super::admission::Admitted;
 use super::handler::{Delivery, Peer};
+use super::lanes::LaneContext;
 use super::render::{preview, render};
 use super::watch::CertEnd;
 use super::{ServerChannel, Shared};
-use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
+use crate::datapath::{AbortReason, Ack, AckStatus, Op};
+use crate::lanes::SessionRequest;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+/// One lane's loop ([`LaneContext::serve`]), run beside its session's.
+type LaneLoop<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (u32, String)> + Send + 'a>>;
 use crate::events::DataPathCause;
 use crate::handshake::{HandshakeError, Message};
 use crate::metrics::{HandshakeOutcome, KeyDirection, ServerMetrics, TimedVerb};
@@ -50,6 +56,9 @@ pub(super) async fn serve_session(
         rdma_acks,
         held,
         mut stream,
+        lanes,
+        cipher,
+        rekey,
     } = admitted;
     // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
     // stopped reading.
@@ -77,7 +86,7 @@ pub(super) async fn serve_session(
         let _ = send_within(&mut chan, &Message::Abort { reason }, courtesy).await;
         return Outcome::Failed;
     }
-    let setup = Session::establish(&mut chan, &device, sgid, secrets, session_cfg);
+    let setup = Session::establish(&mut chan, &device, sgid.clone(), secrets, session_cfg);
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -142,6 +151,23 @@ pub(super) async fn serve_session(
     let first = stream.first;
     // Key rotations already counted, per direction: each arrival or post adds what changed.
     let mut epochs_counted = (0u64, 0u64);
+    // More lanes the client opens on this session ([`crate::lanes`]): each runs its own loop
+    // here, beside lane 0, until `ending` says the session ends.
+    let lane_ctx = LaneContext {
+        shared,
+        identity: &identity,
+        peer: Arc::clone(&peer),
+        device: Arc::clone(&device),
+        sgid,
+        session_cfg,
+        cipher,
+        rekey,
+        enabled: lanes,
+    };
+    let (ending, lane_end) = watch::channel(false);
+    let mut lane_loops: FuturesUnordered<LaneLoop<'_>> = FuturesUnordered::new();
+    let mut open_lanes: Vec<u32> = Vec::new();
+    let lane0 = metrics.lane_counter(0);
     let reason = loop {
         let epochs = session.key_epochs();
         if epochs != epochs_counted {
@@ -155,10 +181,39 @@ pub(super) async fn serve_session(
                 // before its new session is answered.
                 break "the client resumed its stream on a new connection".to_owned();
             }
-            request = chan.expect_client_request() => match request {
-                Ok(ClientRequest::Bye) => {
+            Some((lane, why)) = lane_loops.next(), if !lane_loops.is_empty() => {
+                // One lane ended (it failed, or was not confirmed): the session goes on.
+                open_lanes.retain(|l| *l != lane);
+                tracing::debug!(client = %identity, lane, %why, "lane ended; the session goes on");
+            }
+            request = chan.expect_session_request() => match request {
+                Ok(SessionRequest::Bye) => {
                     let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                     break "client quit".to_owned();
+                }
+                Ok(SessionRequest::LaneOpen(req)) => {
+                    let opening = Instant::now();
+                    let opened = {
+                        let conn = chan.get_ref().get_ref().1;
+                        lane_ctx.open(&req, &open_lanes, conn).await
+                    };
+                    let answer = match opened {
+                        Ok((unconfirmed, held)) => {
+                            let endpoint = unconfirmed.local();
+                            open_lanes.push(req.lane);
+                            lane_loops.push(Box::pin(lane_ctx.serve(req.lane, req.stream, unconfirmed, held, lane_end.clone())));
+                            metrics.verb(device.name(), TimedVerb::QpSetup, opening.elapsed());
+                            Message::LaneAccept { lane: req.lane, endpoint }
+                        }
+                        Err(refused) => {
+                            metrics.lane_refused(refused.label);
+                            tracing::warn!(client = %identity, lane = req.lane, reason = %refused.reason, "lane refused; the session goes on");
+                            Message::LaneReject { lane: req.lane, reason: refused.reason }
+                        }
+                    };
+                    if let Err(reason) = send_within(&mut chan, &answer, limits.write_timeout).await {
+                        break reason;
+                    }
                 }
                 Err(e @ HandshakeError::Unexpected { .. }) => break e.to_string(),
                 Err(e) => break format!("disconnected: {e}"),
@@ -187,6 +242,7 @@ pub(super) async fn serve_session(
                     Err(e) => break datapath_failure(metrics, &identity, &e),
                 };
                 seq += 1;
+                lane0.inc();
                 let op = arrival.op();
                 traffic.received(op, arrival.data().len());
                 if seq <= stream.sent {
@@ -278,6 +334,16 @@ pub(super) async fn serve_session(
             }
         }
     };
+    // The other lanes end first, each drained, bounded: they hold nothing lane 0 needs.
+    let _ = ending.send(true);
+    let lanes_closed = async { while lane_loops.next().await.is_some() {} };
+    if tokio::time::timeout(courtesy * 2, lanes_closed)
+        .await
+        .is_err()
+    {
+        tracing::warn!(client = %identity, "lanes did not close in time; their resources are freed without a drain");
+    }
+    drop(lane_loops);
     // Rotations of the last iteration (an arrival, then the session ended).
     let epochs = session.key_epochs();
     metrics.key_rotated(KeyDirection::Send, epochs.0 - epochs_counted.0);
@@ -336,7 +402,11 @@ fn cert_end(end: CertEnd, metrics: &crate::metrics::ServerMetrics) -> (AbortReas
 /// Counts a failure of the session's data path by its cause, logs it (a WARN that says "likely
 /// attack" when a well-behaved peer on a working network never causes it) and returns the
 /// session's end reason, which names the cause.
-fn datapath_failure(metrics: &ServerMetrics, identity: &str, e: &SessionError) -> String {
+pub(super) fn datapath_failure(
+    metrics: &ServerMetrics,
+    identity: &str,
+    e: &SessionError,
+) -> String {
     let cause = DataPathCause::of(e);
     metrics.datapath_event(cause);
     if cause.likely_attack() {
@@ -358,7 +428,7 @@ fn datapath_failure(metrics: &ServerMetrics, identity: &str, e: &SessionError) -
 }
 
 /// Writes one message to a client, or says why it could not within `limit`.
-async fn send_within(
+pub(super) async fn send_within(
     chan: &mut ServerChannel,
     msg: &Message,
     limit: Duration,
@@ -377,7 +447,7 @@ const PREVIEW_BYTES: usize = 64;
 
 /// Logs one arrival when no handler takes it: the full content at debug, a
 /// bounded preview at info while `limit` allows.
-fn log_arrival(
+pub(super) fn log_arrival(
     identity: &str,
     op: Op,
     seq: u64,
