@@ -42,6 +42,8 @@ pub(super) struct LaneContext<'a> {
     pub(super) rekey: RekeyPolicy,
     /// The session negotiated lanes.
     pub(super) enabled: bool,
+    /// Arrivals on every lane but lane 0: the session's idle timeout watches them too.
+    pub(super) arrivals: std::sync::atomic::AtomicU64,
 }
 
 /// One lane counted against its identity's cap until dropped.
@@ -222,6 +224,7 @@ impl<'a> LaneContext<'a> {
                     };
                     seq += 1;
                     counter.inc();
+                    self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let op = arrival.op();
                     traffic.received(op, arrival.data().len());
                     let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);

@@ -163,7 +163,9 @@ pub(super) async fn serve_session(
         cipher,
         rekey,
         enabled: lanes,
+        arrivals: std::sync::atomic::AtomicU64::new(0),
     };
+    let mut lane_arrivals_seen = 0u64;
     let (ending, lane_end) = watch::channel(false);
     let mut lane_loops: FuturesUnordered<LaneLoop<'_>> = FuturesUnordered::new();
     let mut open_lanes: Vec<u32> = Vec::new();
@@ -323,6 +325,12 @@ pub(super) async fn serve_session(
                 break why.to_owned();
             }
             _ = tokio::time::sleep(cfg.idle_timeout) => {
+                // Traffic on the other lanes keeps the session alive as lane 0's does.
+                let lane_arrivals = lane_ctx.arrivals.load(std::sync::atomic::Ordering::Relaxed);
+                if lane_arrivals != lane_arrivals_seen {
+                    lane_arrivals_seen = lane_arrivals;
+                    continue;
+                }
                 let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                 break format!("idle for {:?}", cfg.idle_timeout);
             }
