@@ -31,6 +31,10 @@
 //! | `secure_rdma_cert_reload_failures_total` | counter | `file` (a file gone or unreadable: the last good one stays in force) |
 //! | `secure_rdma_sessions_ended_by_certificate_total` | counter | `reason` (`certificate_revoked`, `certificate_expired`) |
 //! | `secure_rdma_datapath_events_total` | counter | `cause` ([`DataPathCause`]) |
+//! | `secure_rdma_lanes_active` | gauge | (lanes beyond each session's first, [`crate::lanes`]) |
+//! | `secure_rdma_lanes_opened_total` | counter | |
+//! | `secure_rdma_lanes_refused_total` | counter | `reason` ([`LANE_REFUSALS`]) |
+//! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after

@@ -257,9 +257,9 @@ impl Client {
         self.link.window
     }
 
-    /// Operations posted whose acknowledgement has not come yet.
+    /// Operations posted whose acknowledgement has not come yet, on every lane.
     pub fn in_flight(&self) -> usize {
-        self.unacked.len()
+        self.unacked.len() + self.lanes.iter().map(|l| l.outstanding.len()).sum::<usize>()
     }
 
     /// Calls `observer` at each step of a recovery, as it happens: the loss,
@@ -289,7 +289,8 @@ impl Client {
 
     /// The acknowledgement of the oldest operation in flight
     /// ([`Client::post`]), checked to name that operation; an error when none
-    /// is in flight. A lost session is recovered on the way (see the module
+    /// is in flight. With more lanes, this is lane 0's ([`Client::flush`] waits for every
+    /// lane's). A lost session is recovered on the way (see the module
     /// docs): the acknowledgement may come from the server's resume answer.
     pub async fn ack(&mut self) -> Result<Ack, ClientError> {
         loop {
