@@ -9,6 +9,10 @@
 //! fifth lane opens, so the refusal is the cap's. Opening lanes makes no TCP connection or TLS
 //! handshake: the server's established handshakes stay at 1.
 //!
+//! A sealed forgery aimed at lane 1's QP (`rdma-inject --sealed-forge`, which learns lane 1's
+//! flow and header and injects its next sequence with a random tag) is refused by the tag and
+//! tears down lane 1 only: the session and lane 0 go on delivering.
+//!
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
 use std::collections::BTreeMap;
@@ -257,6 +261,141 @@ fn the_same_fifth_lane_opens_under_the_default_cap() {
     assert_eq!(
         lab.per_lane(),
         BTreeMap::from([(0, 2), (1, 2), (2, 2), (3, 2), (4, 2)]),
+        "{}",
+        lab.context()
+    );
+    assert_eq!(
+        lab.sample("secure_rdma_handshakes_total{outcome=\"established\"}"),
+        1.0
+    );
+    assert!(lab.client.quit_ok());
+}
+
+/// Waits for `child` to exit, killing it after `deadline`.
+fn exit_within(child: &mut std::process::Child, deadline: Duration) -> std::process::ExitStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            return child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `rdma-inject ARGS --json`, started and observing.
+fn inject(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    secure_rdma_tests::secure::Lines,
+    secure_rdma_tests::secure::Lines,
+) {
+    let mut child = std::process::Command::new(secure_rdma_tests::secure::bin("rdma-inject"))
+        .args(args)
+        .arg("--json")
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn rdma-inject");
+    let out = secure_rdma_tests::secure::Lines::collect(child.stdout.take().expect("stdout"));
+    let err = secure_rdma_tests::secure::Lines::collect(child.stderr.take().expect("stderr"));
+    err.wait_for("rdma-inject observing", 1, STEP, |l| {
+        l.contains("observing")
+    });
+    (child, out, err)
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab VM (scripts/softroce-vm.sh)"]
+fn a_forgery_on_one_lane_tears_down_that_lane_only() {
+    let mut lab = Lab::start(
+        4703,
+        19703,
+        &[],
+        &["--lanes", "2", "--reconnect-attempts", "0"],
+    );
+    let lane1 = lab
+        .server
+        .events("lane wiring")
+        .pop()
+        .expect("the server's debug lane wiring event");
+    assert_eq!(lane1["lane"], 1);
+    let lane1_qpn = u64::from_str_radix(
+        lane1["qpn"].as_str().expect("qpn").trim_start_matches("0x"),
+        16,
+    )
+    .expect("hex qpn");
+    // Lane 0 carries the first operation; the attacker then learns the next flow, lane 1's.
+    let mut texts = lab.traffic("x", 1, 0);
+    let (mut injector, out, err) = inject(&[
+        "--observe",
+        "veth-b",
+        "--dst",
+        secure_rdma_tests::ADDR_A,
+        "--timeout",
+        "150",
+        "--sealed-forge",
+    ]);
+    texts.extend(lab.traffic("y", 1, 0));
+    let status = exit_within(&mut injector, Duration::from_secs(180));
+    out.wait_closed(Duration::from_secs(10));
+    let context = format!(
+        "rdma-inject stdout:\n{}\nstderr:\n{}\n{}",
+        out.snapshot().join("\n"),
+        err.snapshot().join("\n"),
+        lab.context()
+    );
+    assert!(status.success(), "{context}");
+    let report: Vec<serde_json::Value> = out
+        .snapshot()
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let injected: Vec<&serde_json::Value> =
+        report.iter().filter(|v| !v["injected"].is_null()).collect();
+    assert_eq!(injected.len(), 1, "{context}");
+    // Aimed at lane 1's QP, with lane 1's header: the next sequence of its stream.
+    assert_eq!(
+        injected[0]["injected"]["dst_qpn"].as_u64(),
+        Some(lane1_qpn),
+        "{context}"
+    );
+    let sealed = &report.last().expect("summary")["summary"]["sealed"];
+    assert_eq!(sealed["observed"]["lane"], 1, "{context}");
+    assert_eq!(sealed["injected"]["seq"], 2, "{context}");
+
+    // Refused at the tag, lane 1 alone torn down.
+    wait_until(
+        "lane 1 closed",
+        STEP,
+        || !lab.server.events("lane closed; its QP is freed").is_empty(),
+        || lab.context(),
+    );
+    let closed = lab.server.events("lane closed; its QP is freed");
+    assert_eq!(closed.len(), 1);
+    assert_eq!(closed[0]["lane"], 1);
+    assert_eq!(closed[0]["reason"], "RDMA message failed authentication");
+    assert_eq!(
+        lab.sample("secure_rdma_auth_failures_by_check_total{check=\"tag\"}"),
+        1.0
+    );
+    assert_eq!(lab.sample("secure_rdma_lanes_active"), 0.0);
+    assert!(lab
+        .server
+        .events("client gone; its PD, CQs, MRs and QP are freed")
+        .is_empty());
+    // The session and lane 0 go on: the next operation (lane 0's turn) is delivered.
+    texts.extend(lab.traffic("z", 1, 0));
+    exactly_once(&lab, &texts);
+    assert_eq!(
+        lab.per_lane(),
+        BTreeMap::from([(0, 2), (1, 1)]),
         "{}",
         lab.context()
     );

@@ -259,7 +259,12 @@ impl Client {
 
     /// Operations posted whose acknowledgement has not come yet, on every lane.
     pub fn in_flight(&self) -> usize {
-        self.unacked.len() + self.lanes.iter().map(|l| l.outstanding.len()).sum::<usize>()
+        self.unacked.len()
+            + self
+                .lanes
+                .iter()
+                .map(|l| l.outstanding.len())
+                .sum::<usize>()
     }
 
     /// Calls `observer` at each step of a recovery, as it happens: the loss,

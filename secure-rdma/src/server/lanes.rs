@@ -198,6 +198,9 @@ impl<'a> LaneContext<'a> {
             Err(_) => return (lane, "not confirmed in time".into()),
         };
         session.set_poll(self.shared.config.poll);
+        let w = *session.wiring();
+        // QPNs help an attacker aim (ReDMArk): debug only, as lane 0's wiring.
+        tracing::debug!(client = %self.identity, lane, qpn = %w.local.qpn, peer_qpn = %w.remote.qpn, "lane wiring");
         tracing::info!(client = %self.identity, lane, stream = %stream.short(), "lane open");
         let counter = metrics.lane_counter(lane);
         let traffic = metrics.session(self.identity, self.device.name());
