@@ -204,6 +204,10 @@ pub struct LanesReport {
     pub lane_us: Summary,
     /// Its setup: our QP made, request and answer over TLS, our QP in RTS.
     pub setup_us: Summary,
+    /// Of the setup: our PD, CQs, MRs and QP made.
+    pub prepare_us: Summary,
+    /// Of the setup: request to answer (a TLS round trip and the server's QP made, in RTS).
+    pub answer_us: Summary,
     /// Its confirmation: the tokens over the lane's QP.
     pub confirmation_us: Summary,
     /// Mean extra lane over mean new connection.
@@ -390,13 +394,15 @@ async fn connect(
     let mut whole = Vec::with_capacity(n);
     let mut phases: [Vec<f64>; 4] = Default::default();
     let mut tls_resumed = 0;
-    let mut lane_samples: [Vec<f64>; 3] = Default::default();
+    let mut lane_samples: [Vec<f64>; 5] = Default::default();
     for r in results {
         let (w, p, opened) = r?;
         for l in opened {
             lane_samples[0].push(us(l.took));
             lane_samples[1].push(us(l.setup));
             lane_samples[2].push(us(l.confirmation));
+            lane_samples[3].push(us(l.prepare));
+            lane_samples[4].push(us(l.answer));
         }
         tls_resumed += usize::from(p.tls_resumed);
         whole.push(us(w));
@@ -426,6 +432,8 @@ async fn connect(
                 opened: lane_samples[0].len(),
                 lane_us,
                 setup_us: Summary::of(&lane_samples[1]),
+                prepare_us: Summary::of(&lane_samples[3]),
+                answer_us: Summary::of(&lane_samples[4]),
                 confirmation_us: Summary::of(&lane_samples[2]),
                 lane_per_connection: round(
                     lane_us.mean / per_connection.mean.max(f64::MIN_POSITIVE),

@@ -686,11 +686,19 @@ mod tests {
             opened: 6,
             lane_us: s,
             setup_us: s,
+            prepare_us: s,
+            answer_us: s,
             confirmation_us: s,
             lane_per_connection: 0.4,
         })
         .unwrap();
-        for k in ["lane_us", "setup_us", "confirmation_us"] {
+        for k in [
+            "lane_us",
+            "setup_us",
+            "prepare_us",
+            "answer_us",
+            "confirmation_us",
+        ] {
             assert!(with_lanes[k]["p50"].is_number(), "{k}");
         }
         assert_eq!(with_lanes["lane_per_connection"], 0.4);

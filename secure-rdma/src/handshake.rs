@@ -18,6 +18,9 @@
 //!    for every operation the server saw land ([`Message::Ack`] over TLS, or,
 //!    when the client asked for [`RDMA_ACKS`], an [`Ack`](crate::datapath::Ack) record SENT back
 //!    over RDMA, sealed like any payload), and [`Message::Bye`] to close.
+//! 7. at any time in step 6, with [`LANES`](crate::lanes::LANES) agreed: one more QP on the same
+//!    TLS connection ([`Message::LaneOpen`], answered [`Message::LaneAccept`] or
+//!    [`Message::LaneReject`]; see [`crate::lanes`]).
 //!
 //! This module is the setup: the framing, the one JSON enum of the control
 //! channel ([`Message`], whose step-6 variants carry the records of

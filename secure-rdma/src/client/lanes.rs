@@ -35,6 +35,11 @@ pub struct LaneOpened {
     pub took: Duration,
     /// Our QP made, the request and the server's answer over TLS, our QP in RTS.
     pub setup: Duration,
+    /// Of `setup`: our PD, CQs, MRs and QP made, receives posted (before the request).
+    pub prepare: Duration,
+    /// Of `setup`: the request to the server's answer (a TLS round trip and the server's own
+    /// QP made and brought to RTS).
+    pub answer: Duration,
     /// The tokens exchanged over the lane's QP.
     pub confirmation: Duration,
 }
@@ -164,6 +169,7 @@ impl super::Client {
             setup.session_cfg,
         )
         .map_err(device_or_session)?;
+        let prepare = started.elapsed();
         let window = self.link.window();
         self.link
             .chan
@@ -183,6 +189,7 @@ impl super::Client {
                 ))
             })?
             .map_err(tls_or)?;
+        let answer_took = started.elapsed().saturating_sub(prepare);
         let remote = match answer {
             LaneAnswer::Accepted(remote) => remote,
             LaneAnswer::Rejected(reason) => return Err(ClientError::LaneRejected { lane, reason }),
@@ -211,6 +218,8 @@ impl super::Client {
             lane,
             took: started.elapsed(),
             setup: timing.setup,
+            prepare,
+            answer: answer_took,
             confirmation: timing.confirmation,
         })
     }
