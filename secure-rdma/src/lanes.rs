@@ -43,7 +43,7 @@ pub const LANES: &str = "lanes";
 /// the one control connection.
 pub use crate::handshake::RDMA_ACKS;
 
-/// What `--max-lanes-per-identity` is unless set: 8 lanes (QPs) per identity at once, the
+/// The lane cap per identity unless set ([`ServerConfig::max_lanes_per_identity`](crate::server::ServerConfig::max_lanes_per_identity)): 8 lanes (QPs) per identity at once, the
 /// first lane of each of its sessions included.
 pub const DEFAULT_MAX_LANES_PER_IDENTITY: usize = 8;
 

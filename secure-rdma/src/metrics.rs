@@ -602,7 +602,7 @@ impl ServerMetrics {
         );
         registry.register(
             "secure_rdma_lanes_refused",
-            "Lanes refused on live sessions, by reason (lane_limit: --max-lanes-per-identity; quota; policy: lanes not negotiated or a lane number in use; setup: RDMA setup failed)",
+            "Lanes refused on live sessions, by reason (lane_limit: the identity's lane cap; quota; policy: lanes not negotiated or a lane number used before; setup: RDMA setup failed)",
             self.lanes_refused.clone(),
         );
         registry.register(

@@ -74,12 +74,12 @@ pub(super) struct Refused {
 
 impl<'a> LaneContext<'a> {
     /// Admits and sets up the lane `req` asks for: the cap, the quotas, then its QP connected
-    /// to the client's (RTS). `open` are the lane numbers this session has open. Nothing of a
-    /// refused lane stays behind.
+    /// to the client's (RTS). `used` are the lane numbers this session opened so far. Nothing
+    /// of a refused lane stays behind.
     pub(super) async fn open(
         &self,
         req: &LaneRequest,
-        open: &[u32],
+        used: &[u32],
         conn: &rustls::ServerConnection,
     ) -> Result<(Unconfirmed, LaneHeld<'a>), Refused> {
         let policy = |detail: String| Refused {
@@ -94,9 +94,11 @@ impl<'a> LaneContext<'a> {
                     .into(),
             ));
         }
-        if open.contains(&req.lane) {
+        if used.contains(&req.lane) {
+            // The number names the lane's keys: opened again, its sequences would start again
+            // under the same keys and reuse their nonces.
             return Err(policy(format!(
-                "lane {} is already open on this session",
+                "lane {} was already opened on this session; lane numbers are not reused (each names its keys): ask for the next number",
                 req.lane
             )));
         }

@@ -168,7 +168,9 @@ pub(super) async fn serve_session(
     let mut lane_arrivals_seen = 0u64;
     let (ending, lane_end) = watch::channel(false);
     let mut lane_loops: FuturesUnordered<LaneLoop<'_>> = FuturesUnordered::new();
-    let mut open_lanes: Vec<u32> = Vec::new();
+    // Every lane number this session opened, closed ones too: a number names the lane's keys,
+    // so it is never opened twice (its sequences would start again under the same keys).
+    let mut used_lanes: Vec<u32> = Vec::new();
     let lane0 = metrics.lane_counter(0);
     let reason = loop {
         let epochs = session.key_epochs();
@@ -185,7 +187,6 @@ pub(super) async fn serve_session(
             }
             Some((lane, why)) = lane_loops.next(), if !lane_loops.is_empty() => {
                 // One lane ended (it failed, or was not confirmed): the session goes on.
-                open_lanes.retain(|l| *l != lane);
                 tracing::debug!(client = %identity, lane, %why, "lane ended; the session goes on");
             }
             request = chan.expect_session_request() => match request {
@@ -197,12 +198,12 @@ pub(super) async fn serve_session(
                     let opening = Instant::now();
                     let opened = {
                         let conn = chan.get_ref().get_ref().1;
-                        lane_ctx.open(&req, &open_lanes, conn).await
+                        lane_ctx.open(&req, &used_lanes, conn).await
                     };
                     let answer = match opened {
                         Ok((unconfirmed, held)) => {
                             let endpoint = unconfirmed.local();
-                            open_lanes.push(req.lane);
+                            used_lanes.push(req.lane);
                             lane_loops.push(Box::pin(lane_ctx.serve(req.lane, req.stream, unconfirmed, held, lane_end.clone())));
                             metrics.verb(device.name(), TimedVerb::QpSetup, opening.elapsed());
                             Message::LaneAccept { lane: req.lane, endpoint }
