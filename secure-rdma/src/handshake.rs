@@ -440,6 +440,10 @@ pub enum Message {
         stream: StreamId,
         /// The client's QP of the lane.
         endpoint: Endpoint,
+        /// When the lane carries on the stream of a lane of this session that was lost: where
+        /// the client stands in it (`stream` is its id). Absent: a fresh stream.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resume: Option<StreamHello>,
     },
     /// The server opened the lane: its QP is in RTS, connected to the client's.
     LaneAccept {
@@ -447,6 +451,10 @@ pub enum Message {
         lane: u32,
         /// The server's QP of the lane.
         endpoint: Endpoint,
+        /// What the server knows of the stream the lane resumes ([`Resume::New`] for a fresh
+        /// stream).
+        #[serde(default)]
+        resume: Resume,
     },
     /// The server refuses the lane; the session and its other lanes go on.
     LaneReject {

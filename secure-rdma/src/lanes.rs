@@ -22,15 +22,20 @@
 //! its own operation stream (sequences from 1, acknowledged over that lane's QP), sealed under
 //! that lane's keys: a message replayed from one lane into another fails its tag.
 //!
-//! What lanes do not have yet: a lane other than lane 0 is not resumed when it is lost (its
-//! operations in flight are reported to the caller), and the server does not keep its
-//! stream across sessions.
+//! A lane that is lost (its QP failed, an acknowledgement never came, the server tore it down
+//! after a forged packet) is resumed within the session: the client opens a new lane (a new
+//! number, so new keys) with [`Message::LaneOpen`]'s `resume` naming the lost lane's stream
+//! and where it stands; the server ends the old lane first if it still runs, then answers, in
+//! [`Message::LaneAccept`]'s `resume`, what it delivered of that stream and the answers the
+//! client has not seen; the client sends only the rest again, with their sequences. What lanes
+//! do not have yet: a lane's stream is not kept beyond its session (a lost session resumes
+//! lane 0's stream only).
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::datapath::StreamId;
 use crate::handshake::{
-    unexpected, Channel, Endpoint, HandshakeError, Kind, Message, RejectReason,
+    unexpected, Channel, Endpoint, HandshakeError, Kind, Message, RejectReason, Resume, StreamHello,
 };
 
 /// The capability of a client that opens lanes ([`Message::LaneOpen`]). A server of an
@@ -77,6 +82,8 @@ pub struct LaneRequest {
     pub stream: StreamId,
     /// The client's QP of the lane.
     pub endpoint: Endpoint,
+    /// Where the client stands in `stream` when the lane resumes a lost lane's stream.
+    pub resume: Option<StreamHello>,
 }
 
 impl LaneRequest {
@@ -91,6 +98,15 @@ impl LaneRequest {
                 ),
             });
         }
+        if let Some(r) = &self.resume {
+            r.validate()?;
+            if r.id != self.stream {
+                return Err(HandshakeError::Invalid {
+                    field: "resume",
+                    reason: "names another stream than the lane's".into(),
+                });
+            }
+        }
         self.endpoint.validate()
     }
 }
@@ -98,8 +114,8 @@ impl LaneRequest {
 /// The server's answer to a [`LaneRequest`], as the client receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LaneAnswer {
-    /// Opened: the server's QP of the lane, in RTS.
-    Accepted(Endpoint),
+    /// Opened: the server's QP of the lane, in RTS, and what it knows of the lane's stream.
+    Accepted(Endpoint, Resume),
     /// Refused, with the reason; the session goes on.
     Rejected(RejectReason),
 }
@@ -123,11 +139,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 lane,
                 stream,
                 endpoint,
+                resume,
             } => {
                 let request = LaneRequest {
                     lane,
                     stream,
                     endpoint,
+                    resume,
                 };
                 request.validate()?;
                 Ok(SessionRequest::LaneOpen(request))
@@ -141,9 +159,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     /// the server's reason.
     pub async fn expect_lane_answer(&mut self, lane: u32) -> Result<LaneAnswer, HandshakeError> {
         let (answered, answer) = match self.recv::<Message>().await? {
-            Message::LaneAccept { lane, endpoint } => {
+            Message::LaneAccept {
+                lane,
+                endpoint,
+                resume,
+            } => {
                 endpoint.validate()?;
-                (lane, LaneAnswer::Accepted(endpoint))
+                (lane, LaneAnswer::Accepted(endpoint, resume))
             }
             Message::LaneReject { lane, reason } => (lane, LaneAnswer::Rejected(reason)),
             Message::Abort { reason } => return Err(HandshakeError::Aborted(reason)),
@@ -181,6 +203,7 @@ mod tests {
             lane: 2,
             stream: StreamId([0xcd; 16]),
             endpoint: endpoint(),
+            resume: None,
         };
         let json = serde_json::to_string(&open).unwrap();
         assert!(
@@ -195,7 +218,8 @@ mod tests {
             SessionRequest::LaneOpen(LaneRequest {
                 lane: 2,
                 stream: StreamId([0xcd; 16]),
-                endpoint: endpoint()
+                endpoint: endpoint(),
+                resume: None,
             })
         );
         client.send(&Message::Bye).await.unwrap();
@@ -208,12 +232,13 @@ mod tests {
             .send(&Message::LaneAccept {
                 lane: 2,
                 endpoint: endpoint(),
+                resume: Resume::New,
             })
             .await
             .unwrap();
         assert_eq!(
             client.expect_lane_answer(2).await.unwrap(),
-            LaneAnswer::Accepted(endpoint())
+            LaneAnswer::Accepted(endpoint(), Resume::New)
         );
         let reason = RejectReason::LaneLimit {
             identity: "alice".into(),
@@ -250,6 +275,7 @@ mod tests {
                     lane,
                     stream: StreamId([1; 16]),
                     endpoint: endpoint(),
+                    resume: None,
                 })
                 .await
                 .unwrap();
@@ -271,6 +297,7 @@ mod tests {
                 lane: 1,
                 stream: StreamId([1; 16]),
                 endpoint: bad,
+                resume: None,
             })
             .await
             .unwrap();
@@ -295,6 +322,7 @@ mod tests {
             .send(&Message::LaneAccept {
                 lane: 5,
                 endpoint: endpoint(),
+                resume: Resume::New,
             })
             .await
             .unwrap();
@@ -320,6 +348,62 @@ mod tests {
             client.expect_lane_answer(4).await,
             Err(HandshakeError::Aborted(_))
         ));
+    }
+
+    #[test]
+    fn a_resuming_lane_names_its_stream_and_where_it_stands() {
+        let id = StreamId([0xab; 16]);
+        let hello = StreamHello {
+            id,
+            next: 4,
+            sent: 6,
+        };
+        let open = Message::LaneOpen {
+            lane: 5,
+            stream: id,
+            endpoint: endpoint(),
+            resume: Some(hello),
+        };
+        let json = serde_json::to_string(&open).unwrap();
+        assert!(
+            json.ends_with(
+                r#","resume":{"id":"abababababababababababababababab","next":4,"sent":6}}"#
+            ),
+            "{json}"
+        );
+        let mut req = LaneRequest {
+            lane: 5,
+            stream: id,
+            endpoint: endpoint(),
+            resume: Some(hello),
+        };
+        assert!(req.validate().is_ok());
+        // Resuming another stream than the lane's, or a stream that is no stream, is refused.
+        req.stream = StreamId([1; 16]);
+        let e = req.validate().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("names another stream than the lane's"),
+            "{e}"
+        );
+        req.stream = id;
+        req.resume = Some(StreamHello {
+            id,
+            next: 5,
+            sent: 3,
+        });
+        assert!(req.validate().is_err());
+        // The answer: what the server delivered, and the answers the client has not seen.
+        let accept = Message::LaneAccept {
+            lane: 5,
+            endpoint: endpoint(),
+            resume: Resume::Resumed {
+                delivered: 5,
+                acks: vec![],
+            },
+        };
+        let back: Message = serde_json::from_str(&serde_json::to_string(&accept).unwrap()).unwrap();
+        assert_eq!(back, accept);
     }
 
     #[test]

@@ -428,6 +428,20 @@ impl Session {
         self.protection.as_ref().map(|p| p.sealer.cipher())
     }
 
+    /// Binds the payload keys to `stream` from its operation `first` ([`Protection::bind_stream`];
+    /// nothing when payloads travel in clear): a lane that resumes a stream learns where from
+    /// the server's answer, after its keys were made.
+    pub(crate) fn bind_stream(
+        &mut self,
+        side: crate::protect::Side,
+        stream: crate::datapath::StreamId,
+        first: u64,
+    ) {
+        if let Some(p) = self.protection.as_mut() {
+            p.bind_stream(side, stream, first);
+        }
+    }
+
     /// How many times the payload keys rotated so far: what this side sends, and what it
     /// received ([`Protection::epochs`]); `(0, 0)` unprotected.
     pub fn key_epochs(&self) -> (u64, u64) {

@@ -11,7 +11,8 @@
 //!
 //! A sealed forgery aimed at lane 1's QP (`rdma-inject --sealed-forge`, which learns lane 1's
 //! flow and header and injects its next sequence with a random tag) is refused by the tag and
-//! tears down lane 1 only: the session and lane 0 go on delivering.
+//! tears down lane 1 only: the session and lane 0 go on delivering, and lane 1's stream
+//! resumes on a new lane, each operation delivered once.
 //!
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
@@ -390,15 +391,36 @@ fn a_forgery_on_one_lane_tears_down_that_lane_only() {
         .server
         .events("client gone; its PD, CQs, MRs and QP are freed")
         .is_empty());
-    // The session and lane 0 go on: the next operation (lane 0's turn) is delivered.
+    // The session and lane 0 go on: the next operation (lane 0's turn) is delivered. The one
+    // after is lane 1's turn: its acknowledgement never comes, and the client resumes lane 1's
+    // stream on a new lane (lane 2): the server answers that it delivered #1 of it, so the
+    // operation goes again as #2, once.
     texts.extend(lab.traffic("z", 1, 0));
-    exactly_once(&lab, &texts);
+    let resumed = lab.client.op("send z-resumed");
     assert_eq!(
-        lab.per_lane(),
-        BTreeMap::from([(0, 2), (1, 1)]),
+        resumed,
+        "server acknowledged send #2: 9 bytes",
         "{}",
         lab.context()
     );
+    texts.push("z-resumed".to_owned());
+    exactly_once(&lab, &texts);
+    assert_eq!(
+        lab.per_lane(),
+        BTreeMap::from([(0, 2), (1, 1), (2, 1)]),
+        "{}",
+        lab.context()
+    );
+    assert!(
+        lab.client
+            .err
+            .snapshot()
+            .iter()
+            .any(|l| l.contains("lane lost; resuming its stream on a new lane")),
+        "{}",
+        lab.context()
+    );
+    assert_eq!(lab.sample("secure_rdma_lanes_active"), 1.0);
     assert_eq!(
         lab.sample("secure_rdma_handshakes_total{outcome=\"established\"}"),
         1.0

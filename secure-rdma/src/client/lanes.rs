@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{tls_or, ClientError};
 use crate::datapath::{Ack, Op, StreamId};
-use crate::handshake::Message;
+use crate::handshake::{HandshakeError, Message, Resume};
 use crate::lanes::LaneAnswer;
 use crate::protect::{Protection, Side};
 use crate::session::{Arrival, Confirm, Prepared, Secrets, Session, SessionError};
@@ -18,11 +18,23 @@ pub(crate) struct Lane {
     session: Session,
     stream: StreamId,
     next_seq: u64,
-    /// Operations posted and not acknowledged, oldest first.
-    pub(crate) outstanding: VecDeque<(u64, Op)>,
+    /// Operations posted and not acknowledged, oldest first, kept to be sent again on the
+    /// lane that resumes this one's stream.
+    pub(crate) outstanding: VecDeque<Kept>,
+    /// The highest sequence ever posted in the lane's stream.
+    sent: u64,
     window: usize,
     timeout: Duration,
     posted: u64,
+    /// The server's answer about the stream when the lane opened, until applied.
+    answered: Resume,
+}
+
+/// An operation kept until the server acknowledges it.
+pub(crate) struct Kept {
+    seq: u64,
+    op: Op,
+    data: Vec<u8>,
 }
 
 /// How opening a lane went ([`Client::add_lane`](super::Client::add_lane)).
@@ -87,7 +99,12 @@ impl Lane {
         if let Err(e) = self.session.post(op, data).await {
             return Err(self.lost(e));
         }
-        self.outstanding.push_back((self.next_seq, op));
+        self.outstanding.push_back(Kept {
+            seq: self.next_seq,
+            op,
+            data: data.to_vec(),
+        });
+        self.sent = self.next_seq;
         self.next_seq += 1;
         self.posted += 1;
         Ok(())
@@ -118,12 +135,12 @@ impl Lane {
             return Err(self.lost(SessionError::BadAck { len: record.len() }));
         };
         match self.outstanding.front() {
-            Some(&(seq, op)) if seq == ack.seq && op == ack.op => {
+            Some(k) if k.seq == ack.seq && k.op == ack.op => {
                 self.outstanding.pop_front();
                 Ok(ack)
             }
-            Some(&(_, op)) => Err(self.lost(SessionError::WrongAck {
-                sent: op,
+            Some(k) => Err(self.lost(SessionError::WrongAck {
+                sent: k.op,
                 acked: ack.op,
             })),
             None => Err(self.lost(SessionError::NothingInFlight)),
@@ -143,12 +160,27 @@ impl super::Client {
     /// ([`Client::flush`](super::Client::flush)): the answer comes over the TLS connection,
     /// the acknowledgements of the streaming data path do not.
     pub async fn add_lane(&mut self) -> Result<LaneOpened, ClientError> {
+        let (lane, opened) = self.open_lane(StreamId::random(), None).await?;
+        self.lanes.push(lane);
+        Ok(opened)
+    }
+
+    /// Opens a lane carrying `stream`: a fresh one, or, with `resume`, the stream of a lane
+    /// that was lost, from where the client stands in it. Returns the lane (its stream bound
+    /// from the first operation the server has not delivered), with the server's answer about
+    /// the stream applied by the caller.
+    async fn open_lane(
+        &mut self,
+        stream: StreamId,
+        resume: Option<crate::handshake::StreamHello>,
+    ) -> Result<(Lane, LaneOpened), ClientError> {
         let started = Instant::now();
         let Some(setup) = self.link.lanes.as_ref() else {
             return Err(ClientError::NoLanes);
         };
-        let lane = self.lanes.last().map_or(1, |l| l.index + 1);
-        let stream = StreamId::random();
+        // A lane number names the lane's keys: never used twice in a session.
+        let lane = self.next_lane;
+        self.next_lane += 1;
         let timeout = self.link.timeout;
         let conn = self.link.chan.get_ref().get_ref().1;
         let tokens = crate::tls::lane_confirmation_tokens(conn, Side::Client, lane)?;
@@ -157,7 +189,6 @@ impl super::Client {
             Some(c) => {
                 let mut p = Protection::from_tls_lane(conn, Side::Client, c, lane)
                     .map_err(crate::tls::TlsError::Config)?;
-                p.bind_stream(Side::Client, stream, 1);
                 p.set_rekey(setup.rekey);
                 Some(p)
             }
@@ -177,6 +208,7 @@ impl super::Client {
                 lane,
                 stream,
                 endpoint: prepared.local(),
+                resume,
             })
             .await
             .map_err(tls_or)?;
@@ -190,38 +222,114 @@ impl super::Client {
             })?
             .map_err(tls_or)?;
         let answer_took = started.elapsed().saturating_sub(prepare);
-        let remote = match answer {
-            LaneAnswer::Accepted(remote) => remote,
+        let (remote, answered) = match answer {
+            LaneAnswer::Accepted(remote, answered) => (remote, answered),
             LaneAnswer::Rejected(reason) => return Err(ClientError::LaneRejected { lane, reason }),
         };
         let unconfirmed = prepared.connect(remote).await.map_err(device_or_session)?;
-        let session = unconfirmed
+        let mut session = unconfirmed
             .confirm(Confirm::First)
             .await
             .map_err(|e| match e {
                 SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
                 other => device_or_session(other),
             })?;
+        // Where the stream goes on: a fresh one from 1, a resumed one after what the server
+        // delivered, an expired one from the oldest operation kept.
+        let first = match (&answered, resume) {
+            (Resume::New, None) => 1,
+            (Resume::Resumed { delivered, .. }, Some(h)) if *delivered <= h.sent => delivered + 1,
+            (Resume::Expired, Some(h)) => h.next,
+            (other, _) => {
+                return Err(tls_or(HandshakeError::Invalid {
+                    field: "resume",
+                    reason: format!("{other:?} for a lane that asked {resume:?}"),
+                }))
+            }
+        };
+        session.bind_stream(Side::Client, stream, first);
         let timing = session.timing();
         tracing::debug!(lane, stream = %stream.short(), took = ?started.elapsed(), "lane open");
-        self.lanes.push(Lane {
-            index: lane,
-            session,
-            stream,
-            next_seq: 1,
-            outstanding: VecDeque::new(),
-            window,
-            timeout,
-            posted: 0,
-        });
-        Ok(LaneOpened {
-            lane,
-            took: started.elapsed(),
-            setup: timing.setup,
-            prepare,
-            answer: answer_took,
-            confirmation: timing.confirmation,
-        })
+        Ok((
+            Lane {
+                index: lane,
+                session,
+                stream,
+                next_seq: first,
+                outstanding: VecDeque::new(),
+                sent: first - 1,
+                window,
+                timeout,
+                posted: 0,
+                answered,
+            },
+            LaneOpened {
+                lane,
+                took: started.elapsed(),
+                setup: timing.setup,
+                prepare,
+                answer: answer_took,
+                confirmation: timing.confirmation,
+            },
+        ))
+    }
+
+    /// Carries the stream of the lost lane `i` on a new lane: the server answers what it
+    /// delivered of the stream (the lost lane drained first), those operations' answers are
+    /// returned, and the rest are posted again on the new lane with their sequences, so each
+    /// is delivered once.
+    pub(crate) async fn resume_lane(
+        &mut self,
+        i: usize,
+        cause: ClientError,
+    ) -> Result<Vec<Ack>, ClientError> {
+        let old = &self.lanes[i];
+        let hello = crate::handshake::StreamHello {
+            id: old.stream,
+            next: old.outstanding.front().map_or(old.next_seq, |k| k.seq),
+            sent: old.sent,
+        };
+        tracing::info!(lane = old.index, stream = %old.stream.short(), error = %cause, "lane lost; resuming its stream on a new lane");
+        let (mut lane, _) = self.open_lane(hello.id, Some(hello)).await?;
+        // The lost lane's QP goes now: the server drained its end before answering.
+        let old = self.lanes.remove(i);
+        let posted = old.posted;
+        let mut kept = old.outstanding;
+        drop(old.session);
+        let mut acks = Vec::new();
+        if let Resume::Resumed { acks: answered, .. } = std::mem::take(&mut lane.answered) {
+            for a in answered {
+                let a = Ack::from(a);
+                match kept.front() {
+                    Some(k) if k.seq == a.seq && k.op == a.op => {
+                        kept.pop_front();
+                        acks.push(a);
+                    }
+                    _ => {
+                        return Err(tls_or(HandshakeError::Invalid {
+                            field: "resume",
+                            reason: format!(
+                                "an answer for {} #{} this lane did not keep",
+                                a.op, a.seq
+                            ),
+                        }))
+                    }
+                }
+            }
+        }
+        // What the server has not delivered goes again, in order, with its sequence.
+        for k in kept {
+            if k.seq != lane.next_seq {
+                return Err(tls_or(HandshakeError::Invalid {
+                    field: "resume",
+                    reason: format!("the server's answer leaves a gap before #{}", k.seq),
+                }));
+            }
+            lane.post(k.op, &k.data).await?;
+        }
+        lane.posted += posted;
+        self.lanes.insert(i, lane);
+        Ok(acks)
     }
 
     /// The most lanes the server allows this client's identity (its sessions' first lanes

@@ -315,9 +315,10 @@ pub enum ClientError {
         reason: RejectReason,
     },
     /// A lane other than the first failed (its QP errored, an acknowledgement never came or
-    /// failed authentication): the lane is closed, and its operations without an
-    /// acknowledgement, which lanes do not resume yet, are reported here.
-    #[error("lane {lane} failed with {unacknowledged} operations unacknowledged (lanes other than the first are not resumed): {source}")]
+    /// failed authentication). The client resumes its stream on a new lane once
+    /// ([`Client::flush`]); this is the error when that is not possible, or the new lane fails
+    /// too, with the operations left unacknowledged.
+    #[error("lane {lane} failed with {unacknowledged} operations unacknowledged: {source}")]
     LaneLost {
         /// The lane.
         lane: u32,

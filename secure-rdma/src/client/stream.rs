@@ -157,6 +157,8 @@ pub struct Client {
     pub(super) lane_turn: usize,
     /// Operations posted on lane 0 (the session's first QP), resent ones included.
     pub(super) lane0_posted: u64,
+    /// The number the next lane opened gets: numbers are never reused in a session.
+    pub(super) next_lane: u32,
     connector: Connector,
     stream: StreamId,
     /// The sequence the next new operation gets.
@@ -188,6 +190,7 @@ impl Client {
             link,
             lane_turn: 0,
             lane0_posted: 0,
+            next_lane: 1,
             connector,
             stream,
             next_seq: 1,
@@ -382,12 +385,28 @@ impl Client {
             0 => self.post_lane0(op, data).await,
             i => {
                 let mut acks = Vec::new();
-                let lane = &mut self.lanes[i - 1];
-                while lane.outstanding.len() >= lane.window() {
-                    acks.push(lane.next_ack().await?);
+                let mut resumes = 0;
+                loop {
+                    let lane = &mut self.lanes[i - 1];
+                    let result = match lane.outstanding.len() >= lane.window() {
+                        true => lane.next_ack().await.map(|a| acks.push(a)),
+                        false => match lane.post(op, data).await {
+                            Ok(()) => return Ok(acks),
+                            Err(e) => Err(e),
+                        },
+                    };
+                    match result {
+                        Ok(()) => {}
+                        // The lane is lost: its stream goes on on a new lane (this operation
+                        // not yet kept, so it is posted after the resume). Once: a lane that
+                        // fails again right away is reported.
+                        Err(e) if resumes == 0 => {
+                            resumes += 1;
+                            acks.extend(self.resume_lane(i - 1, e).await?);
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
-                lane.post(op, data).await?;
-                Ok(acks)
             }
         }
     }
@@ -453,9 +472,18 @@ impl Client {
         while !self.unacked.is_empty() || !self.ready.is_empty() {
             acks.push(self.ack().await?);
         }
-        for lane in self.lanes.iter_mut() {
-            while !lane.outstanding.is_empty() {
-                acks.push(lane.next_ack().await?);
+        for i in 0..self.lanes.len() {
+            let mut resumes = 0;
+            while !self.lanes[i].outstanding.is_empty() {
+                match self.lanes[i].next_ack().await {
+                    Ok(a) => acks.push(a),
+                    // Once per lane and flush: a lane that fails again right away is reported.
+                    Err(e) if resumes == 0 => {
+                        resumes += 1;
+                        acks.extend(self.resume_lane(i, e).await?);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(acks)

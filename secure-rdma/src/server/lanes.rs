@@ -66,6 +66,18 @@ pub(super) struct LaneHeld<'a> {
     _slot: LaneSlot<'a>,
 }
 
+/// How a lane's loop ended, and where its stream stands: what a lane that resumes the stream is
+/// answered from.
+pub(super) struct LaneEnd {
+    pub(super) lane: u32,
+    pub(super) stream: StreamId,
+    /// The highest sequence of the stream the lane delivered (and answered).
+    pub(super) delivered: u64,
+    /// The last answers, oldest first (at most [`super::ACK_MEMORY`]).
+    pub(super) acks: std::collections::VecDeque<Ack>,
+    pub(super) reason: String,
+}
+
 /// A lane refused: the reason the client hears and the metric's label.
 pub(super) struct Refused {
     pub(super) reason: RejectReason,
@@ -80,6 +92,7 @@ impl<'a> LaneContext<'a> {
         &self,
         req: &LaneRequest,
         used: &[u32],
+        first: u64,
         conn: &rustls::ServerConnection,
     ) -> Result<(Unconfirmed, LaneHeld<'a>), Refused> {
         let policy = |detail: String| Refused {
@@ -155,7 +168,7 @@ impl<'a> LaneContext<'a> {
             reason: RejectReason::Unavailable { detail },
             label: "setup",
         };
-        let secrets = lane_secrets(conn, req, self.cipher, self.rekey)
+        let secrets = lane_secrets(conn, req, first, self.cipher, self.rekey)
             .map_err(|e| setup_failed(format!("TLS exporter: {e}")))?;
         let prepared = Prepared::new(&self.device, self.sgid.clone(), secrets, self.session_cfg)
             .map_err(|e| setup_failed(e.to_string()))?;
@@ -181,23 +194,51 @@ impl<'a> LaneContext<'a> {
         &self,
         lane: u32,
         stream: StreamId,
+        first: u64,
         unconfirmed: Unconfirmed,
         held: LaneHeld<'a>,
         mut ending: watch::Receiver<bool>,
-    ) -> (u32, String) {
+    ) -> LaneEnd {
+        let mut acks = std::collections::VecDeque::new();
+        let mut seq = first.saturating_sub(1);
+        let reason = self
+            .run(lane, stream, &mut seq, &mut acks, unconfirmed, &mut ending)
+            .await;
+        drop(held);
+        tracing::info!(client = %self.identity, lane, %reason, delivered = seq, "lane closed; its QP is freed");
+        LaneEnd {
+            lane,
+            stream,
+            delivered: seq,
+            acks,
+            reason,
+        }
+    }
+
+    /// [`LaneContext::serve`]'s loop: `seq` and `acks` follow what it delivered. Returns why it
+    /// ended, once its QP is drained.
+    async fn run(
+        &self,
+        lane: u32,
+        stream: StreamId,
+        seq: &mut u64,
+        acks: &mut std::collections::VecDeque<Ack>,
+        unconfirmed: Unconfirmed,
+        ending: &mut watch::Receiver<bool>,
+    ) -> String {
         let metrics = &self.shared.metrics;
         let timeout = self.session_cfg.timeout;
         let confirmed = tokio::select! {
             c = tokio::time::timeout(timeout * 2, unconfirmed.confirm(Confirm::Second)) => c,
-            _ = ending.changed() => return (lane, "the session ended before the lane was confirmed".into()),
+            _ = ending.changed() => return "the session ended before the lane was confirmed".into(),
         };
         let mut session = match confirmed {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 tracing::warn!(client = %self.identity, lane, error = %e, "lane not confirmed; its resources are freed");
-                return (lane, format!("not confirmed: {e}"));
+                return format!("not confirmed: {e}");
             }
-            Err(_) => return (lane, "not confirmed in time".into()),
+            Err(_) => return "not confirmed in time".into(),
         };
         session.set_poll(self.shared.config.poll);
         let w = *session.wiring();
@@ -207,7 +248,6 @@ impl<'a> LaneContext<'a> {
         let counter = metrics.lane_counter(lane);
         let traffic = metrics.session(self.identity, self.device.name());
         let mut content_log = LogLimiter::new(20, Duration::from_millis(100));
-        let mut seq = 0u64;
         let reason = loop {
             tokio::select! {
                 _ = ending.changed() => break "the session ended".to_owned(),
@@ -227,7 +267,8 @@ impl<'a> LaneContext<'a> {
                         }
                         Err(e) => break datapath_failure(metrics, self.identity, &e),
                     };
-                    seq += 1;
+                    *seq += 1;
+                    let seq = *seq;
                     counter.inc();
                     self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let op = arrival.op();
@@ -254,6 +295,12 @@ impl<'a> LaneContext<'a> {
                         }
                     }
                     let ack = Ack { op, seq, bytes, status };
+                    // Remembered before the client hears it: a lane that resumes this stream
+                    // is answered from here.
+                    if acks.len() == super::ACK_MEMORY {
+                        acks.pop_front();
+                    }
+                    acks.push_back(ack);
                     if let Err(e) = session.post(Op::Send, &ack.encode()).await {
                         break datapath_failure(metrics, self.identity, &e);
                     }
@@ -269,9 +316,7 @@ impl<'a> LaneContext<'a> {
         if let Err(e) = session.drain(courtesy).await {
             tracing::warn!(client = %self.identity, lane, error = %e, "draining the lane's QP");
         }
-        drop(held);
-        tracing::info!(client = %self.identity, lane, %reason, operations = seq, "lane closed; its QP is freed");
-        (lane, reason)
+        reason
     }
 }
 
@@ -281,6 +326,7 @@ impl<'a> LaneContext<'a> {
 fn lane_secrets(
     conn: &rustls::ServerConnection,
     req: &LaneRequest,
+    first: u64,
     cipher: Option<Cipher>,
     rekey: RekeyPolicy,
 ) -> Result<Secrets, crate::tls::TlsError> {
@@ -290,7 +336,7 @@ fn lane_secrets(
         Some(c) => {
             let mut p = Protection::from_tls_lane(conn, Side::Server, c, req.lane)
                 .map_err(crate::tls::TlsError::Config)?;
-            p.bind_stream(Side::Server, req.stream, 1);
+            p.bind_stream(Side::Server, req.stream, first);
             p.set_rekey(rekey);
             Some(p)
         }
