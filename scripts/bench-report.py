@@ -60,6 +60,10 @@ def main() -> int:
     lines.append(f"| secure-rdma without TCP + TLS (admission, RDMA setup, confirmation) | {fmt(rdma)} | {ratio(rdma, cm)} |")
     first = med("secure-rdma", "connect:first", 0, "protected", "per_connection_us")
     lines.append(f"| secure-rdma's first connection (device opened, full TLS handshake; not in the mean) | {fmt(first)} | |")
+    # An extra lane on a live session (bench connect --lanes 4): no TCP, TLS or admission.
+    lane = med("secure-rdma", "connect:extra_lane", 0, "protected", "per_connection_us")
+    if lane is not None:
+        lines.append(f"| secure-rdma, one more lane on a live session (its QP, one TLS and one RDMA round trip) | {fmt(lane)} | {ratio(lane, cm)} |")
     lines.append("")
 
     rp = med("rping", "process", 64, "none", "ms")

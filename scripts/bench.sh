@@ -184,6 +184,9 @@ for r in $(seq "$ROUNDS"); do
         row "$r" secure-rdma "connect:$phase" 0 protected per_connection_us "$(jq ".phases_us.$phase.mean" <<<"$j")" us
     done
     row "$r" secure-rdma connect:first 0 protected per_connection_us "$(jq .first_connection_us <<<"$j")" us
+    # Three more lanes on each live session (the server's default cap is 8 per identity).
+    j=$("${CLIENT[@]/4800/4801}" bench connect -n "$CONNS" --lanes 4 --json)
+    row "$r" secure-rdma connect:extra_lane 0 protected per_connection_us "$(jq .lanes.lane_us.mean <<<"$j")" us
     row "$r" rping process 64 none ms "$(process_ms timeout 60 rping -c -a 10.77.0.1 -p $RPING_PORT -C 1 -S 64)" ms
     row "$r" secure-rdma process 64 protected ms \
         "$(process_ms "${CLIENT[@]/4800/4801}" -e "send $(printf 'p%.0s' $(seq 64))" -e quit)" ms

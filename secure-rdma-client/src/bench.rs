@@ -21,7 +21,7 @@ use clap::builder::{EnumValueParser, TypedValueParser};
 use clap::{Args, Subcommand};
 use futures_util::stream::{self, StreamExt};
 use rdma_cli::choices::PollMode;
-use secure_rdma::client::{Client, Connector, Phases};
+use secure_rdma::client::{Client, Connector, LaneOpened, Phases};
 use secure_rdma::datapath::Op;
 use secure_rdma::verbs::Poll;
 
@@ -70,6 +70,12 @@ pub enum Bench {
         // No -c: across the project's tools -c is rdma-capture's packet count.
         #[arg(long, value_name = "N", default_value_t = 1)]
         concurrency: usize,
+        /// Lanes per connection: each connection also opens N-1 more lanes on its live session
+        /// (over its TLS connection, no new TCP or TLS handshake), timed apart from a new
+        /// connection (lanes_us in the report). The server's --max-lanes-per-identity must
+        /// allow concurrency x N
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65))]
+        lanes: u32,
     },
     /// RDMA SEND ping-pongs (latency) and a stream of SENDs (bandwidth) over one session
     Send(DataArgs),
@@ -120,6 +126,7 @@ impl Bench {
     /// Whether this benchmark asks for the streaming data path.
     pub fn rdma_acks(&self) -> bool {
         matches!(self, Bench::Send(a) | Bench::Write(a) if a.acks == Acks::Rdma)
+            || matches!(self, Bench::Connect { lanes, .. } if *lanes > 1)
     }
 }
 
@@ -181,6 +188,30 @@ pub struct ConnectReport {
     pub phases_us: PhaseSummaries,
     /// Wall time of the whole run.
     pub total_ms: f64,
+    /// With `--lanes N` above 1: the extra lanes opened on each live session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<LanesReport>,
+}
+
+/// The extra lanes of `bench connect --lanes N`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LanesReport {
+    /// Lanes per connection, its first included.
+    pub per_connection: u32,
+    /// Extra lanes opened in all.
+    pub opened: usize,
+    /// One extra lane, request to confirmed.
+    pub lane_us: Summary,
+    /// Its setup: our QP made, request and answer over TLS, our QP in RTS.
+    pub setup_us: Summary,
+    /// Of the setup: our PD, CQs, MRs and QP made.
+    pub prepare_us: Summary,
+    /// Of the setup: request to answer (a TLS round trip and the server's QP made, in RTS).
+    pub answer_us: Summary,
+    /// Its confirmation: the tokens over the lane's QP.
+    pub confirmation_us: Summary,
+    /// Mean extra lane over mean new connection.
+    pub lane_per_connection: f64,
 }
 
 /// [`Phases`] summarized over the connections.
@@ -274,9 +305,11 @@ pub fn raise_fd_limit() {
 /// Runs one benchmark; the report is printed by the caller.
 pub async fn run(connector: &Connector, bench: &Bench) -> Result<serde_json::Value> {
     Ok(match bench {
-        Bench::Connect { n, concurrency } => {
-            serde_json::to_value(connect(connector, *n, *concurrency).await?)?
-        }
+        Bench::Connect {
+            n,
+            concurrency,
+            lanes,
+        } => serde_json::to_value(connect(connector, *n, *concurrency, *lanes).await?)?,
         Bench::Send(a) => serde_json::to_value(data(connector, Op::Send, a).await?)?,
         Bench::Write(a) => serde_json::to_value(data(connector, Op::Write, a).await?)?,
         Bench::Hold {
@@ -290,7 +323,7 @@ pub async fn run(connector: &Connector, bench: &Bench) -> Result<serde_json::Val
 /// Checks what clap cannot: ranges that depend on each other.
 pub fn validate(bench: &Bench) -> Result<(), String> {
     match bench {
-        Bench::Connect { n, concurrency } | Bench::Hold { n, concurrency, .. } => {
+        Bench::Connect { n, concurrency, .. } | Bench::Hold { n, concurrency, .. } => {
             if *n == 0 || *concurrency == 0 {
                 return Err("-n and -c must be at least 1".into());
             }
@@ -313,7 +346,12 @@ pub fn validate(bench: &Bench) -> Result<(), String> {
     Ok(())
 }
 
-async fn connect(connector: &Connector, n: usize, concurrency: usize) -> Result<ConnectReport> {
+async fn connect(
+    connector: &Connector,
+    n: usize,
+    concurrency: usize,
+    lanes: u32,
+) -> Result<ConnectReport> {
     raise_fd_limit();
     // The first connection opens the device, builds the TLS configuration and makes the full
     // TLS handshake (later ones resume its session): reported on its own, like cmtime, which
@@ -327,17 +365,27 @@ async fn connect(connector: &Connector, n: usize, concurrency: usize) -> Result<
     let first_connection_us = us(t.elapsed());
     first.quit().await;
     let started = Instant::now();
-    let results: Vec<Result<(Duration, Phases)>> = stream::iter(0..n)
+    let results: Vec<Result<(Duration, Phases, Vec<LaneOpened>)>> = stream::iter(0..n)
         .map(|i| async move {
             let t = Instant::now();
-            let (client, phases) = connector
+            let (mut client, phases) = connector
                 .connect_timed()
                 .await
                 .map_err(Hinted)
                 .with_context(|| format!("connection {i}"))?;
             let whole = t.elapsed();
+            let mut opened = Vec::new();
+            for lane in 1..lanes {
+                opened.push(
+                    client
+                        .add_lane()
+                        .await
+                        .map_err(Hinted)
+                        .with_context(|| format!("lane {lane} of connection {i}"))?,
+                );
+            }
             client.quit().await;
-            Ok((whole, phases))
+            Ok((whole, phases, opened))
         })
         .buffer_unordered(concurrency)
         .collect()
@@ -346,8 +394,16 @@ async fn connect(connector: &Connector, n: usize, concurrency: usize) -> Result<
     let mut whole = Vec::with_capacity(n);
     let mut phases: [Vec<f64>; 4] = Default::default();
     let mut tls_resumed = 0;
+    let mut lane_samples: [Vec<f64>; 5] = Default::default();
     for r in results {
-        let (w, p) = r?;
+        let (w, p, opened) = r?;
+        for l in opened {
+            lane_samples[0].push(us(l.took));
+            lane_samples[1].push(us(l.setup));
+            lane_samples[2].push(us(l.confirmation));
+            lane_samples[3].push(us(l.prepare));
+            lane_samples[4].push(us(l.answer));
+        }
         tls_resumed += usize::from(p.tls_resumed);
         whole.push(us(w));
         phases[0].push(us(p.tcp_tls));
@@ -368,6 +424,22 @@ async fn connect(connector: &Connector, n: usize, concurrency: usize) -> Result<
             confirmation: Summary::of(&phases[3]),
         },
         total_ms: round(total.as_secs_f64() * 1e3),
+        lanes: (lanes > 1).then(|| {
+            let lane_us = Summary::of(&lane_samples[0]);
+            let per_connection = Summary::of(&whole);
+            LanesReport {
+                per_connection: lanes,
+                opened: lane_samples[0].len(),
+                lane_us,
+                setup_us: Summary::of(&lane_samples[1]),
+                prepare_us: Summary::of(&lane_samples[3]),
+                answer_us: Summary::of(&lane_samples[4]),
+                confirmation_us: Summary::of(&lane_samples[2]),
+                lane_per_connection: round(
+                    lane_us.mean / per_connection.mean.max(f64::MIN_POSITIVE),
+                ),
+            }
+        }),
     })
 }
 

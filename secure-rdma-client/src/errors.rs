@@ -15,7 +15,7 @@ pub fn exit_code(e: &ClientError) -> i32 {
         // The server ended the session over this client's certificate (revoked or expired):
         // a certificate problem, as a TLS refusal is.
         e if e.certificate_ended().is_some() => 4,
-        ClientError::Rejected(_) => 3,
+        ClientError::Rejected(_) | ClientError::LaneRejected { .. } | ClientError::NoLanes => 3,
         ClientError::Tls(_)
         | ClientError::TlsIo(_)
         | ClientError::TlsTimeout(_)
@@ -24,7 +24,10 @@ pub fn exit_code(e: &ClientError) -> i32 {
         ClientError::Unreachable { .. } => 5,
         ClientError::Device(_) => 6,
         ClientError::Confirm(_) => 7,
-        ClientError::Session(_) | ClientError::Forged { .. } => 8,
+        ClientError::Session(_)
+        | ClientError::Forged { .. }
+        | ClientError::LaneLost { .. }
+        | ClientError::LanesLost { .. } => 8,
         ClientError::Unprotected { .. } | ClientError::BufferTooLarge { .. } => 9,
         // A cause this binary does not know yet: "other error".
         _ => 1,
@@ -38,6 +41,9 @@ fn hint(e: &ClientError) -> Option<&'static str> {
             Some("--no-payload-protection accepts payloads in clear")
         }
         ClientError::BufferTooLarge { .. } => Some("--max-buffer-size"),
+        ClientError::NoLanes => {
+            Some("lanes need a server that offers them: --max-lanes-per-identity above 1")
+        }
         ClientError::Device(VerbsError::NoDevice)
         | ClientError::Confirm(SessionError::Verbs(VerbsError::NoDevice))
         | ClientError::Session(SessionError::Verbs(VerbsError::NoDevice)) => {

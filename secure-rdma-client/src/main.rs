@@ -29,6 +29,9 @@ use prompt::{InputError, Prompt};
 ///
 ///   send <message>   RDMA SEND the message
 ///   write <data>     RDMA WRITE the data into the server's buffer
+///   lane             open one more lane (QP) on this session, over its TLS
+///                    connection (no new TCP or TLS handshake); see --lanes
+///   lanes            print each lane's operations
 ///   help             list the commands
 ///   quit             close the connection
 ///
@@ -54,7 +57,7 @@ use prompt::{InputError, Prompt};
 /// is reported on stderr.
 ///
 /// Exit codes: 0 ok, 1 bad command or other error, 2 usage, 3 rejected by the
-/// server (e.g. server full; or the server has no RDMA device, with the fix it
+/// server (e.g. server full, a lane beyond the identity's cap; or the server has no RDMA device, with the fix it
 /// names), 4 TLS refused (certificate or server name; also a session the server
 /// ended because this client's certificate was revoked or expired: not retried),
 /// 5 server unreachable, 6 no usable RDMA device or GID, 7 RDMA connection
@@ -131,6 +134,13 @@ struct Cli {
     /// with jitter)
     #[arg(long, value_name = "N", default_value_t = 6)]
     reconnect_attempts: u32,
+    /// Lanes (RC QPs) of the session, its first included: the extra ones are opened over the
+    /// session's one TLS connection (no new TCP or TLS handshake), each with its own keys and
+    /// operation stream, and commands spread over them (least outstanding first). More than 1
+    /// implies --rdma-acks. The server caps lanes per identity (--max-lanes-per-identity);
+    /// lanes other than the first are not resumed after a lost session
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65))]
+    lanes: u32,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -148,11 +158,13 @@ enum Command {
 enum Cmd<'a> {
     Send(&'a str),
     Write(&'a str),
+    Lane,
+    Lanes,
     Help,
     Quit,
 }
 
-const HELP: &str = "commands: send <message> | write <data> | help | quit";
+const HELP: &str = "commands: send <message> | write <data> | lane | lanes | help | quit";
 
 fn parse(line: &str) -> Result<Option<Cmd<'_>>, String> {
     let line = line.trim();
@@ -165,6 +177,8 @@ fn parse(line: &str) -> Result<Option<Cmd<'_>>, String> {
         "send" if !rest.is_empty() => Ok(Some(Cmd::Send(rest))),
         "write" if !rest.is_empty() => Ok(Some(Cmd::Write(rest))),
         "send" | "write" => Err(format!("{word} needs an argument ({HELP})")),
+        "lane" => Ok(Some(Cmd::Lane)),
+        "lanes" => Ok(Some(Cmd::Lanes)),
         "help" | "?" => Ok(Some(Cmd::Help)),
         "quit" | "exit" => Ok(Some(Cmd::Quit)),
         other => Err(format!("unknown command {other:?} ({HELP})")),
@@ -207,7 +221,8 @@ async fn run(cli: Cli) -> i32 {
         })
         .with_max_buffer_size(cli.max_buffer_size)
         .with_allow_gid_mismatch(cli.allow_gid_mismatch)
-        .with_rdma_acks(cli.rdma_acks);
+        .with_rdma_acks(cli.rdma_acks)
+        .with_lanes(cli.lanes as usize);
     let cfg = match identity {
         Some((cert, key)) => cfg.with_identity(cert, key),
         None => cfg,
@@ -320,6 +335,39 @@ async fn run(cli: Cli) -> i32 {
                 continue;
             }
             Cmd::Quit => break,
+            Cmd::Lane => {
+                match client.add_lane().await {
+                    Ok(opened) => println!(
+                        "lane {} open in {:.2} ms over the session's TLS connection (setup {:.2} ms, confirmation {:.2} ms)",
+                        opened.lane,
+                        opened.took.as_secs_f64() * 1e3,
+                        opened.setup.as_secs_f64() * 1e3,
+                        opened.confirmation.as_secs_f64() * 1e3,
+                    ),
+                    // The session and its other lanes go on; the exit status says a lane was
+                    // refused.
+                    Err(e @ ClientError::LaneRejected { .. }) | Err(e @ ClientError::NoLanes) => {
+                        eprintln!("secure-client: {}", Shown(&e));
+                        status = exit_code(&e);
+                    }
+                    Err(e) => {
+                        eprintln!("secure-client: {}", Shown(&e));
+                        return exit_code(&e);
+                    }
+                }
+                let _ = stdout.flush().await;
+                continue;
+            }
+            Cmd::Lanes => {
+                for l in client.lane_stats() {
+                    println!(
+                        "lane {}: {} operations posted, {} in flight",
+                        l.lane, l.posted, l.in_flight
+                    );
+                }
+                let _ = stdout.flush().await;
+                continue;
+            }
             Cmd::Send(msg) => client.send(msg.as_bytes()).await,
             Cmd::Write(data) => client.write(data.as_bytes()).await,
         };
@@ -350,7 +398,8 @@ async fn run_bench(cfg: ClientConfig, b: &bench::BenchArgs) -> i32 {
         eprintln!("secure-client: bench: {e}");
         return 2;
     }
-    let connector = Connector::new(cfg.with_rdma_acks(b.kind.rdma_acks()));
+    // The benchmark opens its own lanes (bench connect --lanes), timed apart.
+    let connector = Connector::new(cfg.with_rdma_acks(b.kind.rdma_acks()).with_lanes(1));
     match bench::run(&connector, &b.kind).await {
         Ok(report) => {
             if b.json {
@@ -511,7 +560,8 @@ mod tests {
             b,
             bench::Bench::Connect {
                 n: 20,
-                concurrency: 4
+                concurrency: 4,
+                lanes: 1
             }
         ));
         // The optional server name still parses before the subcommand.
@@ -625,9 +675,33 @@ mod tests {
                 confirmation: s,
             },
             total_ms: 1.0,
+            lanes: None,
         })
         .unwrap();
         assert_eq!(connect["connections"], 2);
+        // Without --lanes, no lanes key; with it, the extra lane beside the connection.
+        assert!(connect.get("lanes").is_none());
+        let with_lanes = serde_json::to_value(bench::LanesReport {
+            per_connection: 4,
+            opened: 6,
+            lane_us: s,
+            setup_us: s,
+            prepare_us: s,
+            answer_us: s,
+            confirmation_us: s,
+            lane_per_connection: 0.4,
+        })
+        .unwrap();
+        for k in [
+            "lane_us",
+            "setup_us",
+            "prepare_us",
+            "answer_us",
+            "confirmation_us",
+        ] {
+            assert!(with_lanes[k]["p50"].is_number(), "{k}");
+        }
+        assert_eq!(with_lanes["lane_per_connection"], 0.4);
         assert_eq!(connect["first_connection_us"], 9.0);
         assert_eq!(connect["tls_resumed"], 2);
         for k in ["p50", "p99", "mean"] {

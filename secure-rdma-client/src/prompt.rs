@@ -28,6 +28,8 @@ const HISTORY_SIZE: usize = 1000;
 pub const COMMANDS: &[(&str, bool)] = &[
     ("send", true),
     ("write", true),
+    ("lane", false),
+    ("lanes", false),
     ("help", false),
     ("quit", false),
     ("exit", false),

@@ -167,6 +167,13 @@ struct Opts {
     /// limit]
     #[arg(long, value_name = "N")]
     max_sessions_per_identity: Option<usize>,
+    /// Lanes (RC QPs) one identity may hold at once across its sessions, each session's first
+    /// included: a client opening more lanes on a live session (secure-client --lanes) is
+    /// refused beyond it, the session and its other lanes going on, so lanes do not buy a
+    /// tenant more than its share; each lane's resources also count against the quotas. 1
+    /// offers no lanes [default: 8]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65))]
+    max_lanes_per_identity: Option<u32>,
     /// End sessions older than this many seconds (clients reconnect) [default: no limit]
     #[arg(long, value_name = "SECONDS")]
     max_session_lifetime: Option<u64>,
@@ -582,6 +589,14 @@ async fn serve(flags: Opts) -> Result<()> {
         .with_protection(protection)
         .with_allow_gid_mismatch(allow_gid_mismatch)
         .with_memory_windows(flags.memory_windows || file.memory_windows)
+        .with_max_lanes_per_identity(
+            flags
+                .max_lanes_per_identity
+                .or(file.max_lanes_per_identity)
+                .map_or(secure_rdma::lanes::DEFAULT_MAX_LANES_PER_IDENTITY, |n| {
+                    n as usize
+                }),
+        )
         .with_limits(limits)
         .with_poll(flags.poll.or(file.poll).unwrap_or_default())
         .with_resume_window(Duration::from_secs(

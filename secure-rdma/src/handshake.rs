@@ -18,6 +18,9 @@
 //!    for every operation the server saw land ([`Message::Ack`] over TLS, or,
 //!    when the client asked for [`RDMA_ACKS`], an [`Ack`](crate::datapath::Ack) record SENT back
 //!    over RDMA, sealed like any payload), and [`Message::Bye`] to close.
+//! 7. at any time in step 6, with [`LANES`](crate::lanes::LANES) agreed: one more QP on the same
+//!    TLS connection ([`Message::LaneOpen`], answered [`Message::LaneAccept`] or
+//!    [`Message::LaneReject`]; see [`crate::lanes`]).
 //!
 //! This module is the setup: the framing, the one JSON enum of the control
 //! channel ([`Message`], whose step-6 variants carry the records of
@@ -309,6 +312,16 @@ pub enum RejectReason {
         /// Which policy, and how to comply.
         detail: String,
     },
+    /// The identity already holds as many lanes (QPs of its sessions) as the server allows
+    /// one identity ([`crate::lanes`]).
+    LaneLimit {
+        /// The identity.
+        identity: String,
+        /// Its live lanes, the first lane of each session included.
+        active: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
 impl std::fmt::Display for RejectReason {
@@ -330,6 +343,14 @@ impl std::fmt::Display for RejectReason {
             } => write!(
                 f,
                 "identity {identity} already has {active} sessions (the server allows {max} per identity)"
+            ),
+            RejectReason::LaneLimit {
+                identity,
+                active,
+                max,
+            } => write!(
+                f,
+                "identity {identity} already has {active} lanes (the server allows {max} per identity); use the lanes it has, or close some"
             ),
         }
     }
@@ -375,6 +396,12 @@ pub enum Message {
         /// release, which follows no epoch).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rekey: Option<RekeyPolicy>,
+        /// When the client listed [`LANES`](crate::lanes::LANES) and the server agrees: the
+        /// most lanes (QPs, this first one included) the client's identity may hold at once.
+        /// Absent: the session has one lane (a server of an earlier release, or no lanes
+        /// asked for).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lanes: Option<u32>,
     },
     /// The server refuses the client.
     Reject {
@@ -404,6 +431,38 @@ pub enum Message {
     },
     /// Orderly close.
     Bye,
+    /// The client asks for one more lane on its live session ([`crate::lanes`]): its QP's
+    /// parameters and the lane's operation stream.
+    LaneOpen {
+        /// The lane's number (1 for the second lane, and so on).
+        lane: u32,
+        /// The lane's operation stream, drawn by the client.
+        stream: StreamId,
+        /// The client's QP of the lane.
+        endpoint: Endpoint,
+        /// When the lane carries on the stream of a lane of this session that was lost: where
+        /// the client stands in it (`stream` is its id). Absent: a fresh stream.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resume: Option<StreamHello>,
+    },
+    /// The server opened the lane: its QP is in RTS, connected to the client's.
+    LaneAccept {
+        /// The lane's number, as asked.
+        lane: u32,
+        /// The server's QP of the lane.
+        endpoint: Endpoint,
+        /// What the server knows of the stream the lane resumes ([`Resume::New`] for a fresh
+        /// stream).
+        #[serde(default)]
+        resume: Resume,
+    },
+    /// The server refuses the lane; the session and its other lanes go on.
+    LaneReject {
+        /// The lane's number, as asked.
+        lane: u32,
+        /// Why.
+        reason: RejectReason,
+    },
     /// The sender ends the session on its own, and says why.
     Abort {
         /// Why.
@@ -432,6 +491,12 @@ pub enum Kind {
     Bye,
     /// [`Message::Abort`].
     Abort,
+    /// [`Message::LaneOpen`].
+    LaneOpen,
+    /// [`Message::LaneAccept`].
+    LaneAccept,
+    /// [`Message::LaneReject`].
+    LaneReject,
 }
 
 impl Kind {
@@ -447,6 +512,9 @@ impl Kind {
             Kind::Ack => "ack",
             Kind::Bye => "bye",
             Kind::Abort => "abort",
+            Kind::LaneOpen => "lane_open",
+            Kind::LaneAccept => "lane_accept",
+            Kind::LaneReject => "lane_reject",
         }
     }
 }
@@ -470,6 +538,9 @@ impl Message {
             Message::Ack { .. } => Kind::Ack,
             Message::Bye => Kind::Bye,
             Message::Abort { .. } => Kind::Abort,
+            Message::LaneOpen { .. } => Kind::LaneOpen,
+            Message::LaneAccept { .. } => Kind::LaneAccept,
+            Message::LaneReject { .. } => Kind::LaneReject,
         }
     }
 }
@@ -506,6 +577,8 @@ pub enum Verdict {
         resume: Resume,
         /// When the payload keys rotate; `None`: never.
         rekey: Option<RekeyPolicy>,
+        /// The most lanes the identity may hold, when the server offers lanes; `None`: one.
+        lanes: Option<u32>,
     },
     /// Refused, with the reason.
     Rejected(RejectReason),
@@ -591,6 +664,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 rdma_window,
                 resume,
                 rekey,
+                lanes,
             } => Ok(Verdict::Accepted {
                 buffer_size,
                 identity,
@@ -598,6 +672,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 rdma_window,
                 resume,
                 rekey,
+                lanes,
             }),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
@@ -849,6 +924,7 @@ mod tests {
             rdma_window: None,
             resume: Resume::New,
             rekey: None,
+            lanes: None,
         })
         .unwrap();
         assert_eq!(
@@ -874,6 +950,7 @@ mod tests {
             rdma_window: None,
             resume: Resume::New,
             rekey: Some(policy),
+            lanes: None,
         };
         let json = serde_json::to_string(&accept).unwrap();
         assert!(

@@ -51,6 +51,7 @@ pub mod client;
 pub mod datapath;
 pub mod events;
 pub mod handshake;
+pub mod lanes;
 pub mod metrics;
 pub mod protect;
 pub mod psn;

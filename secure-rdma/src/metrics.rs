@@ -31,6 +31,10 @@
 //! | `secure_rdma_cert_reload_failures_total` | counter | `file` (a file gone or unreadable: the last good one stays in force) |
 //! | `secure_rdma_sessions_ended_by_certificate_total` | counter | `reason` (`certificate_revoked`, `certificate_expired`) |
 //! | `secure_rdma_datapath_events_total` | counter | `cause` ([`DataPathCause`]) |
+//! | `secure_rdma_lanes_active` | gauge | (lanes beyond each session's first, [`crate::lanes`]) |
+//! | `secure_rdma_lanes_opened_total` | counter | |
+//! | `secure_rdma_lanes_refused_total` | counter | `reason` ([`LANE_REFUSALS`]) |
+//! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -129,6 +133,9 @@ pub fn rejection_reason(reason: &RejectReason) -> &'static str {
         RejectReason::Unavailable { .. } => "unavailable",
         RejectReason::IdentityLimit { .. } => "identity_limit",
         RejectReason::Policy { .. } => "policy",
+        // Never a refusal at admission: a lane is refused on a live session, and counted in
+        // `secure_rdma_lanes_refused_total`.
+        RejectReason::LaneLimit { .. } => "lane_limit",
     }
 }
 
@@ -333,6 +340,31 @@ pub struct ServerMetrics {
     cert_reload_failures: Family<FileLabels, Counter>,
     sessions_ended_by_cert: Family<ReasonLabels, Counter>,
     datapath_events: Family<CauseLabels, Counter>,
+    lanes_active: Gauge,
+    lanes_opened: Counter,
+    lanes_refused: Family<ReasonLabels, Counter>,
+    lane_messages: Family<LaneLabels, Counter>,
+}
+
+/// The `lane` label: a lane's number, bounded by [`crate::lanes::MAX_LANE`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LaneLabels {
+    lane: u32,
+}
+
+/// Every `reason` label of `secure_rdma_lanes_refused_total`.
+pub const LANE_REFUSALS: [&str; 4] = ["lane_limit", "quota", "policy", "setup"];
+
+/// Keeps one lane counted in `secure_rdma_lanes_active` until dropped.
+#[derive(Debug)]
+pub struct ActiveLane {
+    gauge: Gauge,
+}
+
+impl Drop for ActiveLane {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -369,7 +401,18 @@ impl Default for ServerMetrics {
             cert_reload_failures: Family::default(),
             sessions_ended_by_cert: Family::default(),
             datapath_events: Family::default(),
+            lanes_active: Gauge::default(),
+            lanes_opened: Counter::default(),
+            lanes_refused: Family::default(),
+            lane_messages: Family::default(),
         };
+        for reason in LANE_REFUSALS {
+            drop(
+                metrics
+                    .lanes_refused
+                    .get_or_create(&ReasonLabels { reason }),
+            );
+        }
         for direction in ["send", "receive"] {
             drop(
                 metrics
@@ -547,6 +590,60 @@ impl ServerMetrics {
             "RDMA messages that failed authentication, by the receiver's check that refused them (tag: the AEAD tag)",
             self.auth_failure_checks.clone(),
         );
+        registry.register(
+            "secure_rdma_lanes_active",
+            "Lanes (QPs) opened on live sessions beyond each session's first",
+            self.lanes_active.clone(),
+        );
+        registry.register(
+            "secure_rdma_lanes_opened",
+            "Lanes opened on live sessions over their TLS connection (no new TCP or TLS handshake)",
+            self.lanes_opened.clone(),
+        );
+        registry.register(
+            "secure_rdma_lanes_refused",
+            "Lanes refused on live sessions, by reason (lane_limit: the identity's lane cap; quota; policy: lanes not negotiated or a lane number used before; setup: RDMA setup failed)",
+            self.lanes_refused.clone(),
+        );
+        registry.register(
+            "secure_rdma_lane_messages_received",
+            "RDMA SENDs and WRITEs received, per lane number (0: each session's first QP; bounded by the highest lane number a client may open)",
+            self.lane_messages.clone(),
+        );
+    }
+
+    /// Counts one lane opened on a live session ([`crate::lanes`]), active until the result is
+    /// dropped.
+    pub fn lane_opened(&self) -> ActiveLane {
+        self.lanes_opened.inc();
+        self.lanes_active.inc();
+        ActiveLane {
+            gauge: self.lanes_active.clone(),
+        }
+    }
+
+    /// Counts one lane refused, by `reason` (one of [`LANE_REFUSALS`]).
+    pub fn lane_refused(&self, reason: &'static str) {
+        self.lanes_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// The counter of messages received on lane `lane` of every session (lane 0 is each
+    /// session's first QP): kept by the session, so counting costs no lookup per message.
+    pub fn lane_counter(&self, lane: u32) -> Counter {
+        self.lane_messages.get_or_create_owned(&LaneLabels { lane })
+    }
+
+    /// Lanes opened so far, lanes active now, lanes refused for `reason`.
+    pub fn lane_counts(&self, reason: &'static str) -> (u64, i64, u64) {
+        (
+            self.lanes_opened.get(),
+            self.lanes_active.get(),
+            self.lanes_refused
+                .get_or_create(&ReasonLabels { reason })
+                .get(),
+        )
     }
 
     /// Counts `n` payload key rotations of sessions' `direction`: `send` (what the server

@@ -547,6 +547,9 @@ pub struct Sealer {
     next_seq: u64,
     stream: StreamId,
     policy: RekeyPolicy,
+    /// The lane whose keys these are, written in each header ([`crate::lanes`]; 0 for a
+    /// session's first QP, as before lanes).
+    lane: u8,
     /// Messages and plaintext bytes sealed under the current key, and when it took over.
     epoch_messages: u64,
     epoch_bytes: u64,
@@ -585,6 +588,7 @@ impl Sealer {
             next_seq: 1,
             stream: StreamId([0; 16]),
             policy: RekeyPolicy::off(),
+            lane: 0,
             epoch_messages: 0,
             epoch_bytes: 0,
             epoch_started: Instant::now(),
@@ -675,7 +679,7 @@ impl Sealer {
         let header = Header {
             op,
             epoch: self.ratchet.byte(),
-            lane: 0,
+            lane: self.lane,
             seq,
             len,
         }
@@ -949,10 +953,24 @@ impl Protection {
         side: Side,
         cipher: Cipher,
     ) -> Result<Protection, rustls::Error> {
+        Protection::from_tls_lane(conn, side, cipher, 0)
+    }
+
+    /// The payload keys of `lane` of this TLS session ([`crate::lanes`]): the exporter context
+    /// names the lane, so every lane has keys of its own that no other lane can open. Lane 0
+    /// derives exactly what [`Protection::from_tls`] does (the context of a session without
+    /// lanes), so a session that never opens a second lane is unchanged on the wire.
+    pub fn from_tls_lane<D>(
+        conn: &rustls::ConnectionCommon<D>,
+        side: Side,
+        cipher: Cipher,
+        lane: u32,
+    ) -> Result<Protection, rustls::Error> {
         let export =
             |label: &[u8], sender: Side| -> Result<Zeroizing<[u8; KEY_LEN]>, rustls::Error> {
                 let mut out = Zeroizing::new([0u8; KEY_LEN]);
-                conn.export_keying_material(&mut out[..], label, Some(key_context(sender)))?;
+                let context = crate::lanes::lane_context(key_context(sender), lane);
+                conn.export_keying_material(&mut out[..], label, Some(&context))?;
                 Ok(out)
             };
         let (mine, theirs) = (export(KEY_LABEL, side)?, export(KEY_LABEL, side.peer())?);
@@ -960,8 +978,12 @@ impl Protection {
             export(RATCHET_LABEL, side)?,
             export(RATCHET_LABEL, side.peer())?,
         );
+        let mut sealer = Sealer::with_ratchet(cipher, &mine, mine_next);
+        // Lane numbers stay below [`crate::lanes::MAX_LANE`]; the byte is for observers (it is
+        // authenticated with the rest of the header, and another lane's keys open nothing).
+        sealer.lane = u8::try_from(lane).unwrap_or(u8::MAX);
         Ok(Protection {
-            sealer: Sealer::with_ratchet(cipher, &mine, mine_next),
+            sealer,
             opener: Opener::with_ratchet(cipher, &theirs, theirs_next),
         })
     }

@@ -319,6 +319,8 @@ pub struct Session {
     config: SessionConfig,
     wiring: Wiring,
     timing: EstablishTiming,
+    /// When setting this session up began: [`Session::timing`]'s origin.
+    started: std::time::Instant,
 }
 
 impl std::fmt::Debug for Session {
@@ -368,145 +370,22 @@ impl Session {
         secrets: Secrets,
         config: SessionConfig,
     ) -> Result<Session, SessionError> {
-        let started = std::time::Instant::now();
-        let Secrets { tokens, protection } = secrets;
-        if config.protected != protection.is_some() {
-            return Err(SessionError::ProtectionMismatch);
-        }
-        let (bs, slots) = config.layout();
-        let (send_slots, write_slots) = config.slots();
-        let pd = device.alloc_pd()?;
-        let depth = u32::try_from(slots * 2).unwrap_or(u32::MAX);
-        let send_cq = CompletionQueue::new(device, depth)?;
-        let recv_cq = CompletionQueue::new(device, depth)?;
-        let send_mr = MemoryRegion::new(&pd, bs * send_slots, MrAccess::Local)?;
-        let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
-        // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
-        // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
-        let window = match config.accept_writes && config.memory_window {
-            true => match MemoryWindow::alloc(&pd) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no type 2 memory window on this device; the peer gets the write region's own rkey");
-                    None
-                }
-            },
-            false => None,
-        };
-        let data_mr = match config.accept_writes {
-            true => Some(MemoryRegion::new(
-                &pd,
-                bs * write_slots,
-                match window {
-                    Some(_) => MrAccess::WindowBind,
-                    None => MrAccess::RemoteWrite,
-                },
-            )?),
-            false => None,
-        };
-        let buffer = match (&window, &data_mr) {
-            (Some(w), Some(mr)) => Some(w.remote(mr)),
-            (None, Some(mr)) => Some(mr.remote()),
-            _ => None,
-        };
-        let caps = QpCaps {
-            max_send_wr: u32::try_from(send_slots.max(16)).unwrap_or(u32::MAX),
-            max_recv_wr: depth,
-        };
-        let mut qp = QueuePair::create(&pd, &send_cq, &recv_cq, sgid.clone(), caps)?
-            .into_init(config.accept_writes)?;
-        for slot in 0..slots {
-            qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
-        }
-
-        let psn = Psn::random();
-        let local = Endpoint {
-            gid: sgid.gid,
-            qpn: qp.qpn(),
-            psn,
-            mtu: device.active_mtu()?,
-            buffer,
-        };
-        chan.send(&Message::Endpoint { endpoint: local }).await?;
+        let prepared = Prepared::new(device, sgid, secrets, config)?;
+        chan.send(&Message::Endpoint {
+            endpoint: prepared.local(),
+        })
+        .await?;
         let remote = within(
             config.timeout,
             "the peer's endpoint",
             chan.expect_endpoint(),
         )
         .await?;
-        if let Some(address) = config.peer_address {
-            // RoCEv2 traffic comes from the GID's address: a peer announcing another host's GID
-            // would have us send to (and accept packets from) somebody else.
-            if !remote.gid.carries(address) {
-                return Err(SessionError::GidMismatch {
-                    gid: remote.gid,
-                    address,
-                });
-            }
-        }
-
-        let qp = qp.into_rtr(RtrParams {
-            remote_qpn: remote.qpn,
-            remote_psn: remote.psn,
-            remote_gid: remote.gid,
-            path_mtu: local.mtu.min(remote.mtu),
-        })?;
-        let mut qp = qp.into_rts(RtsParams { local_psn: psn })?;
-        // What the device reports back, for audits: ibv_query_qp is a system call, which costs
-        // a quarter of a millisecond of every handshake under emulation, so only when it is
-        // logged ([`Session::query`] asks on demand).
-        if tracing::enabled!(tracing::Level::DEBUG) {
-            let queried = qp.query()?;
-            tracing::debug!(
-                qpn = %qp.qpn(),
-                local_psn = psn.get(),
-                remote_qpn = %remote.qpn,
-                remote_psn = remote.psn.get(),
-                sq_psn = queried.sq_psn,
-                rq_psn = queried.rq_psn,
-                dest_qpn = queried.dest_qpn,
-                "QP in RTS"
-            );
-        }
-
-        // The window is bound before the peer hears we are ready: no WRITE can come earlier.
-        if let (Some(w), Some(mr)) = (&window, &data_mr) {
-            qp.post_bind_window(BIND_WR, w, mr)?;
-            qp.send_cq()
-                .next_ok("the memory window's bind", config.timeout)
-                .await?;
-        }
-
+        let unconfirmed = prepared.connect(remote).await?;
         // Both QPs in RTS before the first RDMA message.
         chan.send(&Message::Ready).await?;
         within(config.timeout, "the peer's ready", chan.expect_ready()).await?;
-
-        let setup = started.elapsed();
-        send_mr.write(0, &tokens.mine)?;
-        qp.post_send(TOKEN_WR, &send_mr, 0..TOKEN_LEN)?;
-        let confirm = async {
-            qp.send_cq()
-                .next_ok("the confirmation token SEND", config.timeout)
-                .await?;
-            let wc = qp
-                .recv_cq()
-                .next_ok("the peer's confirmation token", config.timeout)
-                .await?;
-            Ok::<Completion, VerbsError>(wc)
-        };
-        let wc = match confirm.await {
-            Ok(wc) => wc,
-            Err(VerbsError::Timeout { .. }) | Err(VerbsError::WorkCompletion { .. }) => {
-                return Err(SessionError::ConfirmTimeout(config.timeout))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let slot = wc.wr_id as usize;
-        let got = recv_mr.read(slot * bs, wc.byte_len as usize)?;
-        if wc.opcode != WcOpcode::Recv || got != tokens.peer {
-            return Err(SessionError::BadToken);
-        }
-        qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
+        let mut session = unconfirmed.confirm(Confirm::Together).await?;
         chan.send(&Message::Confirmed).await?;
         within(
             config.timeout,
@@ -514,34 +393,11 @@ impl Session {
             chan.expect_confirmed(),
         )
         .await?;
-
-        Ok(Session {
-            window,
-            qp,
-            send_mr,
-            recv_mr,
-            data_mr,
-            remote_buffer: remote.buffer,
-            protection,
-            scratch: Vec::with_capacity(bs),
-            slot_len: bs,
-            posted: 0,
-            completed: 0,
-            recv_posted: slots,
-            writes_posted: 0,
-            writes_landed: 0,
-            config: SessionConfig {
-                recv_slots: slots,
-                send_slots,
-                write_slots,
-                ..config
-            },
-            wiring: Wiring { local, remote },
-            timing: EstablishTiming {
-                setup,
-                confirmation: started.elapsed().saturating_sub(setup),
-            },
-        })
+        session.timing.confirmation = session
+            .started
+            .elapsed()
+            .saturating_sub(session.timing.setup);
+        Ok(session)
     }
 
     /// How long setting up and confirming this session took.
@@ -570,6 +426,20 @@ impl Session {
     /// The cipher protecting payloads, `None` when they travel in clear.
     pub fn cipher(&self) -> Option<crate::protect::Cipher> {
         self.protection.as_ref().map(|p| p.sealer.cipher())
+    }
+
+    /// Binds the payload keys to `stream` from its operation `first` ([`Protection::bind_stream`];
+    /// nothing when payloads travel in clear): a lane that resumes a stream learns where from
+    /// the server's answer, after its keys were made.
+    pub(crate) fn bind_stream(
+        &mut self,
+        side: crate::protect::Side,
+        stream: crate::datapath::StreamId,
+        first: u64,
+    ) {
+        if let Some(p) = self.protection.as_mut() {
+            p.bind_stream(side, stream, first);
+        }
     }
 
     /// How many times the payload keys rotated so far: what this side sends, and what it
@@ -803,6 +673,311 @@ impl Session {
             Op::Send => Arrival::Send(raw),
             Op::Write => Arrival::Write(raw),
         })
+    }
+}
+
+/// A session's resources made and its QP in INIT with its receives posted, not connected yet:
+/// the first half of [`Session::establish`], and of a lane ([`crate::lanes`]), whose
+/// endpoints travel in other messages.
+pub struct Prepared {
+    window: Option<MemoryWindow>,
+    qp: QueuePair<crate::verbs::Init>,
+    send_mr: Arc<MemoryRegion>,
+    recv_mr: Arc<MemoryRegion>,
+    data_mr: Option<Arc<MemoryRegion>>,
+    protection: Option<Protection>,
+    tokens: Tokens,
+    local: Endpoint,
+    config: SessionConfig,
+    slot_len: usize,
+    started: std::time::Instant,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").field("qp", &self.qp).finish()
+    }
+}
+
+/// How the confirmation tokens are exchanged over the new QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirm {
+    /// Both ends SEND theirs at once: both said over TLS that their QP is in RTS.
+    Together,
+    /// This end SENDs first, then waits for the peer's (a lane's client: the server's QP was
+    /// in RTS before it answered).
+    First,
+    /// This end waits for the peer's token, then SENDs its own (a lane's server: the client's
+    /// QP is in RTS once its token arrives).
+    Second,
+}
+
+impl Prepared {
+    /// Makes this connection's PD, CQs, memory regions and QP on `device`, sending from
+    /// `sgid`, posts the receives and draws the first PSN: [`Prepared::local`] is what the
+    /// peer needs.
+    pub fn new(
+        device: &Arc<Device>,
+        sgid: GidEntry,
+        secrets: Secrets,
+        config: SessionConfig,
+    ) -> Result<Prepared, SessionError> {
+        let started = std::time::Instant::now();
+        let Secrets { tokens, protection } = secrets;
+        if config.protected != protection.is_some() {
+            return Err(SessionError::ProtectionMismatch);
+        }
+        let (bs, slots) = config.layout();
+        let (send_slots, write_slots) = config.slots();
+        let pd = device.alloc_pd()?;
+        let depth = u32::try_from(slots * 2).unwrap_or(u32::MAX);
+        let send_cq = CompletionQueue::new(device, depth)?;
+        let recv_cq = CompletionQueue::new(device, depth)?;
+        let send_mr = MemoryRegion::new(&pd, bs * send_slots, MrAccess::Local)?;
+        let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
+        // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
+        // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
+        let window = match config.accept_writes && config.memory_window {
+            true => match MemoryWindow::alloc(&pd) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no type 2 memory window on this device; the peer gets the write region's own rkey");
+                    None
+                }
+            },
+            false => None,
+        };
+        let data_mr = match config.accept_writes {
+            true => Some(MemoryRegion::new(
+                &pd,
+                bs * write_slots,
+                match window {
+                    Some(_) => MrAccess::WindowBind,
+                    None => MrAccess::RemoteWrite,
+                },
+            )?),
+            false => None,
+        };
+        let buffer = match (&window, &data_mr) {
+            (Some(w), Some(mr)) => Some(w.remote(mr)),
+            (None, Some(mr)) => Some(mr.remote()),
+            _ => None,
+        };
+        let caps = QpCaps {
+            max_send_wr: u32::try_from(send_slots.max(16)).unwrap_or(u32::MAX),
+            max_recv_wr: depth,
+        };
+        let mut qp = QueuePair::create(&pd, &send_cq, &recv_cq, sgid.clone(), caps)?
+            .into_init(config.accept_writes)?;
+        for slot in 0..slots {
+            qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
+        }
+        let local = Endpoint {
+            gid: sgid.gid,
+            qpn: qp.qpn(),
+            psn: Psn::random(),
+            mtu: device.active_mtu()?,
+            buffer,
+        };
+        Ok(Prepared {
+            window,
+            qp,
+            send_mr,
+            recv_mr,
+            data_mr,
+            protection,
+            tokens,
+            local,
+            config: SessionConfig {
+                recv_slots: slots,
+                send_slots,
+                write_slots,
+                ..config
+            },
+            slot_len: bs,
+            started,
+        })
+    }
+
+    /// Our endpoint, for the peer.
+    pub fn local(&self) -> Endpoint {
+        self.local
+    }
+
+    /// Connects our QP to the peer's `remote` (RTR, then RTS) after checking that its GID
+    /// carries the TLS peer's address, and binds the memory window: nothing may land before
+    /// the peer hears we are ready. The tokens are exchanged next ([`Unconfirmed::confirm`]).
+    pub async fn connect(self, remote: Endpoint) -> Result<Unconfirmed, SessionError> {
+        let Prepared {
+            window,
+            qp,
+            send_mr,
+            recv_mr,
+            data_mr,
+            protection,
+            tokens,
+            local,
+            config,
+            slot_len,
+            started,
+        } = self;
+        if let Some(address) = config.peer_address {
+            // RoCEv2 traffic comes from the GID's address: a peer announcing another host's GID
+            // would have us send to (and accept packets from) somebody else.
+            if !remote.gid.carries(address) {
+                return Err(SessionError::GidMismatch {
+                    gid: remote.gid,
+                    address,
+                });
+            }
+        }
+        let psn = local.psn;
+        let qp = qp.into_rtr(RtrParams {
+            remote_qpn: remote.qpn,
+            remote_psn: remote.psn,
+            remote_gid: remote.gid,
+            path_mtu: local.mtu.min(remote.mtu),
+        })?;
+        let mut qp = qp.into_rts(RtsParams { local_psn: psn })?;
+        // What the device reports back, for audits: ibv_query_qp is a system call, which costs
+        // a quarter of a millisecond of every handshake under emulation, so only when it is
+        // logged ([`Session::query`] asks on demand).
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let queried = qp.query()?;
+            tracing::debug!(
+                qpn = %qp.qpn(),
+                local_psn = psn.get(),
+                remote_qpn = %remote.qpn,
+                remote_psn = remote.psn.get(),
+                sq_psn = queried.sq_psn,
+                rq_psn = queried.rq_psn,
+                dest_qpn = queried.dest_qpn,
+                "QP in RTS"
+            );
+        }
+        // The window is bound before the peer hears we are ready: no WRITE can come earlier.
+        if let (Some(w), Some(mr)) = (&window, &data_mr) {
+            qp.post_bind_window(BIND_WR, w, mr)?;
+            qp.send_cq()
+                .next_ok("the memory window's bind", config.timeout)
+                .await?;
+        }
+        let slots = config.recv_slots;
+        Ok(Unconfirmed {
+            session: Session {
+                window,
+                qp,
+                send_mr,
+                recv_mr,
+                data_mr,
+                remote_buffer: remote.buffer,
+                protection,
+                scratch: Vec::with_capacity(slot_len),
+                slot_len,
+                posted: 0,
+                completed: 0,
+                recv_posted: slots,
+                writes_posted: 0,
+                writes_landed: 0,
+                config,
+                wiring: Wiring { local, remote },
+                timing: EstablishTiming::default(),
+                started,
+            },
+            tokens,
+        })
+    }
+}
+
+/// A session whose QP is in RTS, connected to the peer's, before the confirmation tokens
+/// proved the RDMA path: nothing but the tokens may go over it yet.
+pub struct Unconfirmed {
+    session: Session,
+    tokens: Tokens,
+}
+
+impl std::fmt::Debug for Unconfirmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unconfirmed")
+            .field("qp", &self.session.qp)
+            .finish()
+    }
+}
+
+impl Unconfirmed {
+    /// Our endpoint, for the peer.
+    pub fn local(&self) -> Endpoint {
+        self.session.wiring.local
+    }
+
+    /// Exchanges the confirmation tokens over the QP in the order `how` says, each bounded by
+    /// the session's timeout, and checks the peer's: then the RDMA path is proven to be this
+    /// TLS session's (a wrong PSN or GID drops RC packets silently; this turns that silence
+    /// into [`SessionError::ConfirmTimeout`]).
+    pub async fn confirm(self, how: Confirm) -> Result<Session, SessionError> {
+        let Unconfirmed {
+            mut session,
+            tokens,
+        } = self;
+        let timeout = session.config.timeout;
+        session.timing.setup = session.started.elapsed();
+        let bs = session.slot_len;
+        let qp = &mut session.qp;
+        let send_token = |qp: &mut QueuePair<Rts>| -> Result<(), VerbsError> {
+            session.send_mr.write(0, &tokens.mine)?;
+            qp.post_send(TOKEN_WR, &session.send_mr, 0..TOKEN_LEN)
+        };
+        let exchange = async {
+            if how != Confirm::Second {
+                send_token(qp)?;
+                qp.send_cq()
+                    .next_ok("the confirmation token SEND", timeout)
+                    .await?;
+            }
+            let wc = qp
+                .recv_cq()
+                .next_ok("the peer's confirmation token", timeout)
+                .await?;
+            Ok::<Completion, VerbsError>(wc)
+        };
+        let wc = match exchange.await {
+            Ok(wc) => wc,
+            Err(VerbsError::Timeout { .. }) | Err(VerbsError::WorkCompletion { .. }) => {
+                return Err(SessionError::ConfirmTimeout(timeout))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let slot = wc.wr_id as usize;
+        let got = session.recv_mr.read(slot * bs, wc.byte_len as usize)?;
+        if wc.opcode != WcOpcode::Recv || got != tokens.peer {
+            return Err(SessionError::BadToken);
+        }
+        session
+            .qp
+            .post_recv(slot as u64, &session.recv_mr, slot * bs..(slot + 1) * bs)?;
+        if how == Confirm::Second {
+            session.send_mr.write(0, &tokens.mine)?;
+            session
+                .qp
+                .post_send(TOKEN_WR, &session.send_mr, 0..TOKEN_LEN)?;
+            match session
+                .qp
+                .send_cq()
+                .next_ok("the confirmation token SEND", timeout)
+                .await
+            {
+                Ok(_) => {}
+                Err(VerbsError::Timeout { .. }) | Err(VerbsError::WorkCompletion { .. }) => {
+                    return Err(SessionError::ConfirmTimeout(timeout))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        session.timing.confirmation = session
+            .started
+            .elapsed()
+            .saturating_sub(session.timing.setup);
+        Ok(session)
     }
 }
 

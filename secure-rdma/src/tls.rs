@@ -522,12 +522,35 @@ pub fn confirmation_token<D>(
     conn: &rustls::ConnectionCommon<D>,
     side: Side,
 ) -> Result<[u8; TOKEN_LEN], TlsError> {
+    lane_confirmation_token(conn, side, 0)
+}
+
+/// The token `side` sends first on `lane` ([`crate::lanes`]): the exporter context names the
+/// lane, so a lane's token proves that QP and no other. Lane 0's is [`confirmation_token`]'s.
+pub fn lane_confirmation_token<D>(
+    conn: &rustls::ConnectionCommon<D>,
+    side: Side,
+    lane: u32,
+) -> Result<[u8; TOKEN_LEN], TlsError> {
     let context: &[u8] = match side {
         Side::Server => b"server",
         Side::Client => b"client",
     };
-    conn.export_keying_material([0u8; TOKEN_LEN], EXPORTER_LABEL, Some(context))
+    let context = crate::lanes::lane_context(context, lane);
+    conn.export_keying_material([0u8; TOKEN_LEN], EXPORTER_LABEL, Some(&context))
         .map_err(TlsError::Config)
+}
+
+/// Both tokens of `lane` seen from `side` ([`lane_confirmation_token`] of each end).
+pub fn lane_confirmation_tokens<D>(
+    conn: &rustls::ConnectionCommon<D>,
+    side: Side,
+    lane: u32,
+) -> Result<Tokens, TlsError> {
+    Ok(Tokens {
+        mine: lane_confirmation_token(conn, side, lane)?,
+        peer: lane_confirmation_token(conn, side.peer(), lane)?,
+    })
 }
 
 /// Both confirmation tokens seen from `side`: the one it sends and the one it expects from the
@@ -724,6 +747,51 @@ mod tests {
             "uri".parse::<IdentitySource>().unwrap_err().to_string(),
             "unknown identity source \"uri\" (expected auto, spiffe, dns or cn)"
         );
+    }
+
+    #[tokio::test]
+    async fn each_lane_has_its_own_keys_and_tokens_and_lane_0_is_the_session_without_lanes() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::certs::init(dir.path(), &["localhost".to_owned()]).unwrap();
+        crate::certs::issue_client(dir.path(), "alice").unwrap();
+        let cipher = Cipher::Aes256Gcm;
+        let (c, s) = session(dir.path()).await;
+        let (c, s) = (c.get_ref().1, s.get_ref().1);
+        // Lane 0 derives exactly what a session without lanes does: a peer of an earlier
+        // release (from_tls, confirmation_tokens) pairs with it.
+        let mut lane0 = Protection::from_tls_lane(c, Side::Client, cipher, 0).unwrap();
+        let mut earlier = Protection::from_tls(s, Side::Server, cipher).unwrap();
+        let mut msg = seal(&mut lane0, b"lane 0");
+        assert_eq!(earlier.opener.open(Op::Send, &mut msg).unwrap(), b"lane 0");
+        assert_eq!(
+            lane_confirmation_tokens(c, Side::Client, 0).unwrap().mine,
+            confirmation_tokens(c, Side::Client).unwrap().mine
+        );
+        // Lane 2's ends pair up with each other, and with nothing of another lane.
+        let mut client2 = Protection::from_tls_lane(c, Side::Client, cipher, 2).unwrap();
+        let mut server2 = Protection::from_tls_lane(s, Side::Server, cipher, 2).unwrap();
+        let mut server1 = Protection::from_tls_lane(s, Side::Server, cipher, 1).unwrap();
+        let mut on_lane2 = seal(&mut client2, b"lane 2");
+        let mut replayed = on_lane2.clone();
+        assert_eq!(
+            server2.opener.open(Op::Send, &mut on_lane2).unwrap(),
+            b"lane 2"
+        );
+        // Replayed onto lane 1 or lane 0, it fails at the tag.
+        let e = server1
+            .opener
+            .open(Op::Send, &mut replayed.clone())
+            .unwrap_err();
+        assert_eq!(e.check(), "tag", "{e}");
+        assert!(earlier.opener.open(Op::Send, &mut replayed).is_err());
+        // The tokens: each lane's, both ends agreeing, none equal to another lane's.
+        let t2c = lane_confirmation_tokens(c, Side::Client, 2).unwrap();
+        let t2s = lane_confirmation_tokens(s, Side::Server, 2).unwrap();
+        assert_eq!((t2c.mine, t2c.peer), (t2s.peer, t2s.mine));
+        let t1c = lane_confirmation_tokens(c, Side::Client, 1).unwrap();
+        let t0c = confirmation_tokens(c, Side::Client).unwrap();
+        assert_ne!(t2c.mine, t1c.mine);
+        assert_ne!(t1c.mine, t0c.mine);
     }
 
     #[tokio::test]

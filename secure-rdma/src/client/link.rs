@@ -25,6 +25,19 @@ pub(crate) struct Link {
     pub(crate) in_flight: usize,
     pub(crate) chan: Channel<TlsStream<TcpStream>>,
     pub(crate) timeout: Duration,
+    /// What opening more lanes on this session takes, when the server offers them.
+    pub(crate) lanes: Option<LaneSetup>,
+}
+
+/// What a lane is made of: the session's device, GID and settings, its cipher and rotation,
+/// and the most lanes the server allows the identity.
+pub(crate) struct LaneSetup {
+    pub(crate) max: u32,
+    pub(crate) device: std::sync::Arc<crate::verbs::Device>,
+    pub(crate) sgid: crate::verbs::GidEntry,
+    pub(crate) session_cfg: crate::session::SessionConfig,
+    pub(crate) cipher: Option<crate::protect::Cipher>,
+    pub(crate) rekey: crate::protect::RekeyPolicy,
 }
 
 impl Link {

@@ -20,11 +20,13 @@ use crate::handshake::{
 use crate::protect::{Cipher, Protection, Side};
 use crate::session::{Secrets, Session, SessionConfig, SessionError};
 
+mod lanes;
 mod link;
 mod stream;
 
 use crate::tls;
 use crate::verbs::{Device, GidSelector, VerbsError};
+pub use lanes::{LaneOpened, LaneStats};
 use link::Link;
 pub use stream::{Client, Recovering, Recovery, ResumeEvent, ResumeOutcome};
 
@@ -80,6 +82,11 @@ pub struct ClientConfig {
     pub recovery: Recovery,
     /// How the reconnects of a recovery are spaced and how many are tried.
     pub backoff: Backoff,
+    /// Lanes (RC QPs) the session opens on connecting, its first included ([`crate::lanes`]):
+    /// 1, the default, is a session as before. More than 1 asks for the streaming data path
+    /// too (each lane's acknowledgements come over its own QP), and the extra lanes are
+    /// opened over the session's TLS connection with [`Client::add_lane`].
+    pub lanes: usize,
 }
 
 impl ClientConfig {
@@ -101,7 +108,25 @@ impl ClientConfig {
             rdma_acks: false,
             recovery: Recovery::default(),
             backoff: Backoff::default(),
+            lanes: 1,
         }
+    }
+
+    /// Sets the lanes opened on connecting ([`ClientConfig::lanes`]; at least 1).
+    ///
+    /// ```
+    /// use secure_rdma::client::ClientConfig;
+    /// let cfg = ClientConfig::new("10.77.0.1").with_lanes(4);
+    /// assert_eq!(cfg.lanes, 4);
+    /// ```
+    pub fn with_lanes(mut self, lanes: usize) -> ClientConfig {
+        self.lanes = lanes.max(1);
+        self
+    }
+
+    /// Whether the hello asks for the streaming data path: asked for, or needed by lanes.
+    fn wants_rdma_acks(&self) -> bool {
+        self.rdma_acks || self.lanes > 1
     }
 
     /// Sets what a lost session does ([`ClientConfig::recovery`]).
@@ -277,6 +302,42 @@ pub enum ClientError {
     /// Anything else in the protocol or on the RDMA path.
     #[error(transparent)]
     Session(SessionError),
+    /// The server offers no lanes on this session: a server of an earlier release, one that
+    /// allows one lane per identity, or a session without the streaming data path.
+    #[error("the server offers no lanes on this session (it allows one QP per session, or is of an earlier release); the session keeps its one lane")]
+    NoLanes,
+    /// The server refused one more lane; the session and its other lanes go on.
+    #[error("lane {lane} refused by the server: {reason}; the session and its other lanes go on")]
+    LaneRejected {
+        /// The lane asked for.
+        lane: u32,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// A lane other than the first failed (its QP errored, an acknowledgement never came or
+    /// failed authentication). The client resumes its stream on a new lane once
+    /// ([`Client::flush`]); this is the error when that is not possible, or the new lane fails
+    /// too, with the operations left unacknowledged.
+    #[error("lane {lane} failed with {unacknowledged} operations unacknowledged: {source}")]
+    LaneLost {
+        /// The lane.
+        lane: u32,
+        /// Its operations without an acknowledgement.
+        unacknowledged: usize,
+        /// Why.
+        #[source]
+        source: SessionError,
+    },
+    /// The session was lost while its other lanes had operations unacknowledged: lane 0's
+    /// stream was resumed on a new session, but the other lanes, which belonged to the lost
+    /// TLS connection, are closed and not resumed.
+    #[error("the session was lost with {unacknowledged} operations unacknowledged on its {lanes} other lanes, which are not resumed (the first lane's stream was); open lanes again and send those again if they are idempotent")]
+    LanesLost {
+        /// The lanes closed.
+        lanes: usize,
+        /// Their operations without an acknowledgement.
+        unacknowledged: usize,
+    },
 }
 
 impl ClientError {
@@ -566,10 +627,12 @@ impl Connector {
                 reason: format!("{resume:?} for a stream this client just drew"),
             }));
         }
-        Ok((
-            Client::new(self.clone(), link, stream, identity, device),
-            phases,
-        ))
+        let mut client = Client::new(self.clone(), link, stream, identity, device);
+        // The other lanes the configuration asks for, over this session's TLS connection.
+        for _ in 1..self.inner.cfg.lanes {
+            client.add_lane().await?;
+        }
+        Ok((client, phases))
     }
 
     /// One session of the operation stream `hello` names: connected, admitted with what the
@@ -624,7 +687,8 @@ impl Connector {
             capabilities: CAPABILITIES
                 .iter()
                 .copied()
-                .chain(cfg.rdma_acks.then_some(RDMA_ACKS))
+                .chain(cfg.wants_rdma_acks().then_some(RDMA_ACKS))
+                .chain(cfg.wants_rdma_acks().then_some(crate::lanes::LANES))
                 .map(str::to_owned)
                 .collect(),
             ciphers: cfg.ciphers.clone(),
@@ -640,7 +704,7 @@ impl Connector {
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity, cipher, rdma_window, resume, rekey) = match verdict {
+        let (buffer_size, identity, cipher, rdma_window, resume, rekey, lanes) = match verdict {
             Verdict::Accepted {
                 buffer_size,
                 identity,
@@ -648,6 +712,7 @@ impl Connector {
                 rdma_window,
                 resume,
                 rekey,
+                lanes,
             } => (
                 buffer_size as usize,
                 identity,
@@ -655,6 +720,7 @@ impl Connector {
                 rdma_window,
                 resume,
                 rekey,
+                lanes,
             ),
             Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
         };
@@ -684,12 +750,14 @@ impl Connector {
         let window = match rdma_window {
             // Acknowledgements over RDMA only when we asked: an unasked window is a server
             // that does not follow the protocol.
-            Some(w) if cfg.rdma_acks && (1..=MAX_RDMA_WINDOW).contains(&w) => Some(w as usize),
+            Some(w) if cfg.wants_rdma_acks() && (1..=MAX_RDMA_WINDOW).contains(&w) => {
+                Some(w as usize)
+            }
             None => None,
             Some(w) => {
                 return Err(tls_or(HandshakeError::Invalid {
                     field: "rdma_window",
-                    reason: match cfg.rdma_acks {
+                    reason: match cfg.wants_rdma_acks() {
                         true => format!("{w} is outside 1..={MAX_RDMA_WINDOW}"),
                         false => {
                             "offered, but this client did not ask for RDMA acknowledgements".into()
@@ -741,7 +809,7 @@ impl Connector {
             ..SessionConfig::default()
         };
         let secrets = Secrets { tokens, protection };
-        let session = Session::establish(&mut chan, &device, sgid, secrets, session_cfg)
+        let session = Session::establish(&mut chan, &device, sgid.clone(), secrets, session_cfg)
             .await
             .map_err(|e| match e {
                 SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
@@ -759,12 +827,22 @@ impl Connector {
             confirmation: timing.confirmation,
             tls_resumed,
         };
+        // Lanes only where we asked and the acknowledgements come over RDMA.
+        let lanes = lanes.filter(|_| window.is_some() && cfg.wants_rdma_acks());
         let link = Link {
             session,
             window,
             in_flight: 0,
             chan,
             timeout: cfg.timeout,
+            lanes: lanes.map(|max| link::LaneSetup {
+                max,
+                device: Arc::clone(&device),
+                sgid,
+                session_cfg,
+                cipher,
+                rekey: rekey.unwrap_or_else(crate::protect::RekeyPolicy::off),
+            }),
         };
         Ok((link, identity, device, resume, phases))
     }

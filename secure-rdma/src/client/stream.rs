@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::lanes::Lane;
 use super::link::Link;
 use super::{Backoff, ClientError, Connector};
 use crate::datapath::{AbortReason, Ack, Op, StreamId};
@@ -148,8 +149,16 @@ struct Pending {
 
 /// A connected client, whose operations survive a lost session.
 pub struct Client {
-    // Drop order: the link (RDMA, then TLS) first.
-    link: Link,
+    // Drop order: the lanes, then the link (RDMA, then TLS).
+    /// The session's lanes beyond the first ([`crate::lanes`]), in the order opened.
+    pub(super) lanes: Vec<Lane>,
+    pub(super) link: Link,
+    /// Where [`Client::pick_lane`] starts looking: the lane after the last one chosen.
+    pub(super) lane_turn: usize,
+    /// Operations posted on lane 0 (the session's first QP), resent ones included.
+    pub(super) lane0_posted: u64,
+    /// The number the next lane opened gets: numbers are never reused in a session.
+    pub(super) next_lane: u32,
     connector: Connector,
     stream: StreamId,
     /// The sequence the next new operation gets.
@@ -177,7 +186,11 @@ impl Client {
         device: Arc<Device>,
     ) -> Client {
         Client {
+            lanes: Vec::new(),
             link,
+            lane_turn: 0,
+            lane0_posted: 0,
+            next_lane: 1,
             connector,
             stream,
             next_seq: 1,
@@ -247,9 +260,14 @@ impl Client {
         self.link.window
     }
 
-    /// Operations posted whose acknowledgement has not come yet.
+    /// Operations posted whose acknowledgement has not come yet, on every lane.
     pub fn in_flight(&self) -> usize {
         self.unacked.len()
+            + self
+                .lanes
+                .iter()
+                .map(|l| l.outstanding.len())
+                .sum::<usize>()
     }
 
     /// Calls `observer` at each step of a recovery, as it happens: the loss,
@@ -279,7 +297,8 @@ impl Client {
 
     /// The acknowledgement of the oldest operation in flight
     /// ([`Client::post`]), checked to name that operation; an error when none
-    /// is in flight. A lost session is recovered on the way (see the module
+    /// is in flight. With more lanes, this is lane 0's ([`Client::flush`] waits for every
+    /// lane's). A lost session is recovered on the way (see the module
     /// docs): the acknowledgement may come from the server's resume answer.
     pub async fn ack(&mut self) -> Result<Ack, ClientError> {
         loop {
@@ -354,7 +373,52 @@ impl Client {
     /// client.quit().await;
     /// # Ok(()) }
     /// ```
+    ///
+    /// With more lanes ([`Client::add_lane`]), each operation goes on the lane with the fewest
+    /// awaiting acknowledgement ([`Client::pick_lane`]); each lane keeps its own order and
+    /// sequences, and the acknowledgements of different lanes come in no set order.
     pub async fn post(&mut self, op: Op, data: &[u8]) -> Result<Vec<Ack>, ClientError> {
+        if self.lanes.is_empty() {
+            return self.post_lane0(op, data).await;
+        }
+        match self.pick_lane() {
+            0 => self.post_lane0(op, data).await,
+            i => {
+                let mut acks = Vec::new();
+                let mut resumes = 0;
+                loop {
+                    let lane = &mut self.lanes[i - 1];
+                    let result = match lane.outstanding.len() >= lane.window() {
+                        true => lane.next_ack().await.map(|a| acks.push(a)),
+                        false => match lane.post(op, data).await {
+                            Ok(()) => return Ok(acks),
+                            Err(e) => Err(e),
+                        },
+                    };
+                    match result {
+                        Ok(()) => {}
+                        // The lane is lost: its stream goes on on a new lane (this operation
+                        // not yet kept, so it is posted after the resume). Once: a lane that
+                        // fails again right away is reported.
+                        Err(e) if resumes == 0 => {
+                            resumes += 1;
+                            acks.extend(self.resume_lane(i - 1, e).await?);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Operations of lane 0 without an acknowledgement.
+    pub(super) fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// [`Client::post`] on lane 0, the session's first QP, whose stream is resumed when the
+    /// session is lost.
+    async fn post_lane0(&mut self, op: Op, data: &[u8]) -> Result<Vec<Ack>, ClientError> {
         let mut acks = Vec::new();
         while self.link.in_flight >= self.link.window() && !self.unacked.is_empty() {
             acks.push(self.ack().await?);
@@ -389,6 +453,7 @@ impl Client {
             let p = &self.unacked[i];
             let (op, seq) = (p.op, p.seq);
             self.link.post(op, &self.unacked[i].data).await?;
+            self.lane0_posted += 1;
             self.unacked[i].posted = true;
             self.sent = self.sent.max(seq);
         }
@@ -406,6 +471,20 @@ impl Client {
         let mut acks: Vec<Ack> = self.ready.drain(..).collect();
         while !self.unacked.is_empty() || !self.ready.is_empty() {
             acks.push(self.ack().await?);
+        }
+        for i in 0..self.lanes.len() {
+            let mut resumes = 0;
+            while !self.lanes[i].outstanding.is_empty() {
+                match self.lanes[i].next_ack().await {
+                    Ok(a) => acks.push(a),
+                    // Once per lane and flush: a lane that fails again right away is reported.
+                    Err(e) if resumes == 0 => {
+                        resumes += 1;
+                        acks.extend(self.resume_lane(i, e).await?);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         Ok(acks)
     }
@@ -460,7 +539,9 @@ impl Client {
     }
 
     /// Says bye, waits briefly for the server's bye, and frees everything.
-    pub async fn quit(self) {
+    pub async fn quit(mut self) {
+        // The lanes' QPs first: the server ends them with the session.
+        self.lanes.clear();
         self.link.quit().await;
     }
 
@@ -556,8 +637,26 @@ impl Client {
             sent: self.sent,
         };
         let (link, identity, device, resume, _) = self.connector.connect_link(hello).await?;
+        // The other lanes belonged to the lost session's TLS connection, which the server
+        // ends with it: they go too, and what they had unacknowledged is reported, since lanes
+        // other than the first are not resumed.
+        let orphaned: usize = self.lanes.iter().map(|l| l.outstanding.len()).sum();
+        let lost_lanes = self.lanes.len();
+        self.lanes.clear();
         // The old link goes now: its QP can deliver nothing the new answer does not cover.
         self.link = link;
+        if orphaned > 0 {
+            return Err(ClientError::LanesLost {
+                lanes: lost_lanes,
+                unacknowledged: orphaned,
+            });
+        }
+        if lost_lanes > 0 {
+            tracing::warn!(
+                lanes = lost_lanes,
+                "the lost session's other lanes are closed; the new session has one lane"
+            );
+        }
         self.identity = identity;
         self.device = device;
         for p in self.unacked.iter_mut() {

@@ -47,7 +47,7 @@ impl<K> Default for KeyCounts<K> {
 
 impl<K: Eq + std::hash::Hash + Clone> KeyCounts<K> {
     /// Counts one more for `key`, unless it already has `max`: then `Err` with its count.
-    fn take(&self, key: &K, max: Option<usize>) -> Result<(), usize> {
+    pub(super) fn take(&self, key: &K, max: Option<usize>) -> Result<(), usize> {
         let mut by = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = by.entry(key.clone()).or_insert(0);
         if max.is_some_and(|max| *n >= max) {
@@ -57,8 +57,14 @@ impl<K: Eq + std::hash::Hash + Clone> KeyCounts<K> {
         Ok(())
     }
 
+    /// The count of `key` now.
+    pub(super) fn count(&self, key: &K) -> usize {
+        let by = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        by.get(key).copied().unwrap_or(0)
+    }
+
     /// Counts one less for `key`.
-    fn release(&self, key: &K) {
+    pub(super) fn release(&self, key: &K) {
         let mut by = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = by.get_mut(key) {
             *n -= 1;
@@ -215,6 +221,11 @@ pub(super) struct Admitted {
     pub(super) held: Held,
     /// The client's operation stream, held for this session.
     pub(super) stream: StreamLease,
+    /// The client may open lanes ([`crate::lanes`]): it asked, on the streaming data path.
+    pub(super) lanes: bool,
+    /// The session's payload cipher and key rotation, which its lanes use too.
+    pub(super) cipher: Option<crate::protect::Cipher>,
+    pub(super) rekey: RekeyPolicy,
 }
 
 /// Admission, steps 1–2 of the [handshake](crate::handshake): the hello, a
@@ -354,6 +365,11 @@ pub(super) async fn admit(
             "the client does not rotate payload keys (an earlier release): one key per direction for its session"
         );
     }
+    // Lanes for a client that asks, on the streaming data path: each lane's acknowledgements
+    // come over its own QP (over TLS they would queue every lane behind one connection).
+    let lanes = rdma_window.is_some()
+        && cfg.max_lanes_per_identity > 1
+        && hello.capabilities.iter().any(|c| c == crate::lanes::LANES);
     let session_cfg = SessionConfig {
         buffer_size: cfg.buffer_size,
         recv_slots: RDMA_WINDOW,
@@ -400,6 +416,7 @@ pub(super) async fn admit(
         resume: stream.resume.clone(),
         // Only a protected session has keys to rotate.
         rekey: cipher.map(|_| rekey),
+        lanes: lanes.then(|| u32::try_from(cfg.max_lanes_per_identity).unwrap_or(u32::MAX)),
     };
     if chan.send(&accept).await.is_err() {
         counts.handshake(HandshakeOutcome::Failed);
@@ -431,6 +448,9 @@ pub(super) async fn admit(
         session_cfg,
         rdma_acks: rdma_window.is_some(),
         stream,
+        lanes,
+        cipher,
+        rekey,
         held: Held {
             _quota: quota,
             _identity: identity_session,

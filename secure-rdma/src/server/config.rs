@@ -94,6 +94,13 @@ pub struct ServerConfig {
     /// over its write slots, invalidated when the session ends, rather than the write region's
     /// own rkey (default off; devices without type 2 windows fall back to the region's rkey).
     pub memory_windows: bool,
+    /// Lanes (RC QPs) one identity may hold at once across its sessions, the first lane of
+    /// each session included ([`crate::lanes`]): a client that opens more lanes on a live
+    /// session is refused beyond it, so lanes do not buy a tenant more than its share (default
+    /// [`DEFAULT_MAX_LANES_PER_IDENTITY`](crate::lanes::DEFAULT_MAX_LANES_PER_IDENTITY)). A
+    /// session's first lane is admitted by the session limits, never by this one; 1 offers
+    /// no lanes at all.
+    pub max_lanes_per_identity: usize,
 }
 
 impl ServerConfig {
@@ -132,6 +139,7 @@ impl ServerConfig {
             spiffe_trust_domains: Vec::new(),
             rekey: RekeyPolicy::default(),
             memory_windows: false,
+            max_lanes_per_identity: crate::lanes::DEFAULT_MAX_LANES_PER_IDENTITY,
         }
     }
 
@@ -285,6 +293,20 @@ impl ServerConfig {
     /// Sets [`memory_windows`](Self::memory_windows).
     pub fn with_memory_windows(mut self, on: bool) -> Self {
         self.memory_windows = on;
+        self
+    }
+
+    /// Sets [`max_lanes_per_identity`](Self::max_lanes_per_identity).
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_max_lanes_per_identity(4);
+    /// assert_eq!(config.max_lanes_per_identity, 4);
+    /// ```
+    pub fn with_max_lanes_per_identity(mut self, max: usize) -> Self {
+        self.max_lanes_per_identity = max;
         self
     }
 }

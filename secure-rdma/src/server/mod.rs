@@ -48,6 +48,7 @@ mod config;
 mod devices;
 mod error;
 pub mod handler;
+mod lanes;
 mod preauth;
 mod render;
 mod session_loop;
@@ -90,6 +91,8 @@ struct Shared {
     pre_auth_log: std::sync::Mutex<preauth::PreAuthLog>,
     /// Live sessions per identity.
     sessions_by_identity: KeyCounts<String>,
+    /// Live lanes per identity beyond each session's first ([`crate::lanes`]).
+    lanes_by_identity: KeyCounts<String>,
     /// This process's cgroup v2 id (0 if unknown), for quota registrations.
     cgroup_id: u64,
     /// Where arrivals go; `None` logs them.
@@ -189,6 +192,7 @@ impl Server {
                 preauth::PreAuthLog::new(std::time::Instant::now()),
             ),
             sessions_by_identity: KeyCounts::default(),
+            lanes_by_identity: KeyCounts::default(),
             cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
             devices: Devices::new(fixed, config.gid_index),
             tls,

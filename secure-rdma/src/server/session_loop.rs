@@ -17,10 +17,61 @@ use tokio::sync::watch;
 use super::accept::Outcome;
 use super::admission::Admitted;
 use super::handler::{Delivery, Peer};
+use super::lanes::{LaneContext, LaneEnd, Refused};
 use super::render::{preview, render};
 use super::watch::CertEnd;
 use super::{ServerChannel, Shared};
-use crate::datapath::{AbortReason, Ack, AckStatus, ClientRequest, Op};
+use crate::datapath::StreamId;
+use crate::datapath::{AbortReason, Ack, AckStatus, Op};
+use crate::handshake::{RejectReason, Resume};
+use crate::lanes::SessionRequest;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::HashMap;
+
+/// One lane's loop ([`LaneContext::serve`]), run beside its session's.
+type LaneLoop<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = LaneEnd> + Send + 'a>>;
+
+/// The answer to a lane request about its stream, and the stream's first operation on the new
+/// lane: a fresh stream starts at 1; a resumed one where the ended lane's delivery stopped,
+/// with the answers the client has not seen; one the session no longer knows is expired (the
+/// client sends everything it kept again). `running`: a lane still carries the stream.
+fn lane_resume(
+    req: &crate::lanes::LaneRequest,
+    ended: &mut HashMap<StreamId, LaneEnd>,
+    running: bool,
+) -> (Result<Resume, String>, u64) {
+    if running {
+        return (
+            Err("the lane's stream is still carried by another lane of this session".into()),
+            1,
+        );
+    }
+    match req.resume {
+        None if ended.contains_key(&req.stream) => (
+            Err("a fresh lane names a stream this session already used: draw a new one".into()),
+            1,
+        ),
+        None => (Ok(Resume::New), 1),
+        Some(hello) => match ended.remove(&req.stream) {
+            None => (Ok(Resume::Expired), hello.next),
+            Some(end) => {
+                let acks = end
+                    .acks
+                    .iter()
+                    .filter(|a| a.seq >= hello.next && a.seq <= end.delivered)
+                    .map(|a| crate::handshake::AckRecord::from(*a))
+                    .collect();
+                (
+                    Ok(Resume::Resumed {
+                        delivered: end.delivered,
+                        acks,
+                    }),
+                    end.delivered + 1,
+                )
+            }
+        },
+    }
+}
 use crate::events::DataPathCause;
 use crate::handshake::{HandshakeError, Message};
 use crate::metrics::{HandshakeOutcome, KeyDirection, ServerMetrics, TimedVerb};
@@ -50,6 +101,9 @@ pub(super) async fn serve_session(
         rdma_acks,
         held,
         mut stream,
+        lanes,
+        cipher,
+        rekey,
     } = admitted;
     // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
     // stopped reading.
@@ -77,7 +131,7 @@ pub(super) async fn serve_session(
         let _ = send_within(&mut chan, &Message::Abort { reason }, courtesy).await;
         return Outcome::Failed;
     }
-    let setup = Session::establish(&mut chan, &device, sgid, secrets, session_cfg);
+    let setup = Session::establish(&mut chan, &device, sgid.clone(), secrets, session_cfg);
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -142,6 +196,31 @@ pub(super) async fn serve_session(
     let first = stream.first;
     // Key rotations already counted, per direction: each arrival or post adds what changed.
     let mut epochs_counted = (0u64, 0u64);
+    // More lanes the client opens on this session ([`crate::lanes`]): each runs its own loop
+    // here, beside lane 0, until `ending` says the session ends.
+    let lane_ctx = LaneContext {
+        shared,
+        identity: &identity,
+        peer: Arc::clone(&peer),
+        device: Arc::clone(&device),
+        sgid,
+        session_cfg,
+        cipher,
+        rekey,
+        enabled: lanes,
+        arrivals: std::sync::atomic::AtomicU64::new(0),
+    };
+    let mut lane_arrivals_seen = 0u64;
+    // Each running lane's "end now", by its stream: the session's end ends them all, and a lane
+    // that resumes a stream ends the lane that still carries it first.
+    let mut lane_enders: HashMap<StreamId, watch::Sender<bool>> = HashMap::new();
+    // Where the streams of ended lanes stand: a lane that resumes one is answered from here.
+    let mut ended_lanes: HashMap<StreamId, LaneEnd> = HashMap::new();
+    let mut lane_loops: FuturesUnordered<LaneLoop<'_>> = FuturesUnordered::new();
+    // Every lane number this session opened, closed ones too: a number names the lane's keys,
+    // so it is never opened twice (its sequences would start again under the same keys).
+    let mut used_lanes: Vec<u32> = Vec::new();
+    let lane0 = metrics.lane_counter(0);
     let reason = loop {
         let epochs = session.key_epochs();
         if epochs != epochs_counted {
@@ -155,10 +234,65 @@ pub(super) async fn serve_session(
                 // before its new session is answered.
                 break "the client resumed its stream on a new connection".to_owned();
             }
-            request = chan.expect_client_request() => match request {
-                Ok(ClientRequest::Bye) => {
+            Some(end) = lane_loops.next(), if !lane_loops.is_empty() => {
+                // One lane ended (it failed, or was not confirmed): the session goes on, and
+                // remembers where the lane's stream stands.
+                tracing::debug!(client = %identity, lane = end.lane, why = %end.reason, "lane ended; the session goes on");
+                lane_enders.remove(&end.stream);
+                ended_lanes.insert(end.stream, end);
+            }
+            request = chan.expect_session_request() => match request {
+                Ok(SessionRequest::Bye) => {
                     let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                     break "client quit".to_owned();
+                }
+                Ok(SessionRequest::LaneOpen(req)) => {
+                    let opening = Instant::now();
+                    if req.resume.is_some() {
+                        // A lane that still carries the stream ends first, drained, so that
+                        // the answer is final (as a resumed session's is).
+                        if let Some(ender) = lane_enders.remove(&req.stream) {
+                            let _ = ender.send(true);
+                            let wait = async {
+                                while let Some(end) = lane_loops.next().await {
+                                    let done = end.stream == req.stream;
+                                    lane_enders.remove(&end.stream);
+                                    ended_lanes.insert(end.stream, end);
+                                    if done {
+                                        break;
+                                    }
+                                }
+                            };
+                            let _ = tokio::time::timeout(courtesy * 2, wait).await;
+                        }
+                    }
+                    let (resume, first) = lane_resume(&req, &mut ended_lanes, lane_enders.contains_key(&req.stream));
+                    let opened = match &resume {
+                        Err(refused) => Err(Refused { reason: RejectReason::Policy { detail: refused.clone() }, label: "policy" }),
+                        Ok(_) => {
+                            let conn = chan.get_ref().get_ref().1;
+                            lane_ctx.open(&req, &used_lanes, first, conn).await
+                        }
+                    };
+                    let answer = match opened {
+                        Ok((unconfirmed, held)) => {
+                            let endpoint = unconfirmed.local();
+                            used_lanes.push(req.lane);
+                            let (ender, end) = watch::channel(false);
+                            lane_enders.insert(req.stream, ender);
+                            lane_loops.push(Box::pin(lane_ctx.serve(req.lane, req.stream, first, unconfirmed, held, end)));
+                            metrics.verb(device.name(), TimedVerb::QpSetup, opening.elapsed());
+                            Message::LaneAccept { lane: req.lane, endpoint, resume: resume.unwrap_or_default() }
+                        }
+                        Err(refused) => {
+                            metrics.lane_refused(refused.label);
+                            tracing::warn!(client = %identity, lane = req.lane, reason = %refused.reason, "lane refused; the session goes on");
+                            Message::LaneReject { lane: req.lane, reason: refused.reason }
+                        }
+                    };
+                    if let Err(reason) = send_within(&mut chan, &answer, limits.write_timeout).await {
+                        break reason;
+                    }
                 }
                 Err(e @ HandshakeError::Unexpected { .. }) => break e.to_string(),
                 Err(e) => break format!("disconnected: {e}"),
@@ -187,6 +321,7 @@ pub(super) async fn serve_session(
                     Err(e) => break datapath_failure(metrics, &identity, &e),
                 };
                 seq += 1;
+                lane0.inc();
                 let op = arrival.op();
                 traffic.received(op, arrival.data().len());
                 if seq <= stream.sent {
@@ -267,6 +402,12 @@ pub(super) async fn serve_session(
                 break why.to_owned();
             }
             _ = tokio::time::sleep(cfg.idle_timeout) => {
+                // Traffic on the other lanes keeps the session alive as lane 0's does.
+                let lane_arrivals = lane_ctx.arrivals.load(std::sync::atomic::Ordering::Relaxed);
+                if lane_arrivals != lane_arrivals_seen {
+                    lane_arrivals_seen = lane_arrivals;
+                    continue;
+                }
                 let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                 break format!("idle for {:?}", cfg.idle_timeout);
             }
@@ -278,6 +419,18 @@ pub(super) async fn serve_session(
             }
         }
     };
+    // The other lanes end first, each drained, bounded: they hold nothing lane 0 needs.
+    for ender in lane_enders.values() {
+        let _ = ender.send(true);
+    }
+    let lanes_closed = async { while lane_loops.next().await.is_some() {} };
+    if tokio::time::timeout(courtesy * 2, lanes_closed)
+        .await
+        .is_err()
+    {
+        tracing::warn!(client = %identity, "lanes did not close in time; their resources are freed without a drain");
+    }
+    drop(lane_loops);
     // Rotations of the last iteration (an arrival, then the session ended).
     let epochs = session.key_epochs();
     metrics.key_rotated(KeyDirection::Send, epochs.0 - epochs_counted.0);
@@ -336,7 +489,11 @@ fn cert_end(end: CertEnd, metrics: &crate::metrics::ServerMetrics) -> (AbortReas
 /// Counts a failure of the session's data path by its cause, logs it (a WARN that says "likely
 /// attack" when a well-behaved peer on a working network never causes it) and returns the
 /// session's end reason, which names the cause.
-fn datapath_failure(metrics: &ServerMetrics, identity: &str, e: &SessionError) -> String {
+pub(super) fn datapath_failure(
+    metrics: &ServerMetrics,
+    identity: &str,
+    e: &SessionError,
+) -> String {
     let cause = DataPathCause::of(e);
     metrics.datapath_event(cause);
     if cause.likely_attack() {
@@ -358,7 +515,7 @@ fn datapath_failure(metrics: &ServerMetrics, identity: &str, e: &SessionError) -
 }
 
 /// Writes one message to a client, or says why it could not within `limit`.
-async fn send_within(
+pub(super) async fn send_within(
     chan: &mut ServerChannel,
     msg: &Message,
     limit: Duration,
@@ -377,7 +534,7 @@ const PREVIEW_BYTES: usize = 64;
 
 /// Logs one arrival when no handler takes it: the full content at debug, a
 /// bounded preview at info while `limit` allows.
-fn log_arrival(
+pub(super) fn log_arrival(
     identity: &str,
     op: Op,
     seq: u64,
@@ -400,5 +557,95 @@ fn log_arrival(
                 tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, possibly_delivered, "WRITE landed")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod lane_tests {
+    use super::*;
+    use crate::datapath::{Ack, AckStatus};
+    use crate::handshake::StreamHello;
+    use crate::lanes::LaneRequest;
+
+    fn request(stream: StreamId, resume: Option<StreamHello>) -> LaneRequest {
+        LaneRequest {
+            lane: 3,
+            stream,
+            endpoint: crate::handshake::Endpoint {
+                gid: "::ffff:10.77.0.2".parse().unwrap(),
+                qpn: crate::psn::Qpn::new(0x42).unwrap(),
+                psn: crate::psn::Psn::new(1).unwrap(),
+                mtu: crate::verbs::PathMtu::Mtu1024,
+                buffer: None,
+            },
+            resume,
+        }
+    }
+
+    fn ack(seq: u64) -> Ack {
+        Ack {
+            op: Op::Send,
+            seq,
+            bytes: 1,
+            status: AckStatus::Delivered,
+        }
+    }
+
+    #[test]
+    fn a_lane_resumes_its_stream_from_what_the_ended_lane_delivered() {
+        let id = StreamId([7; 16]);
+        let mut ended = HashMap::new();
+        ended.insert(
+            id,
+            LaneEnd {
+                lane: 1,
+                stream: id,
+                delivered: 5,
+                acks: (1..=5).map(ack).collect(),
+                reason: "RDMA message failed authentication".into(),
+            },
+        );
+        // The client has answers up to 3 and sent up to 6: #4 and #5 are answered from the
+        // ended lane's state, #6 goes again from the new lane's first sequence, 6.
+        let hello = StreamHello {
+            id,
+            next: 4,
+            sent: 6,
+        };
+        let (resume, first) = lane_resume(&request(id, Some(hello)), &mut ended, false);
+        let Ok(Resume::Resumed { delivered, acks }) = resume else {
+            panic!("{resume:?}")
+        };
+        assert_eq!((delivered, first), (5, 6));
+        assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [4, 5]);
+        // The state is used once: asked again, the stream is unknown (expired), sent from next.
+        let (resume, first) = lane_resume(&request(id, Some(hello)), &mut ended, false);
+        assert_eq!((resume, first), (Ok(Resume::Expired), 4));
+    }
+
+    #[test]
+    fn a_fresh_lane_needs_a_fresh_stream_and_a_running_one_is_not_taken_over() {
+        let id = StreamId([8; 16]);
+        let mut ended = HashMap::new();
+        assert_eq!(
+            lane_resume(&request(id, None), &mut ended, false),
+            (Ok(Resume::New), 1)
+        );
+        ended.insert(
+            id,
+            LaneEnd {
+                lane: 1,
+                stream: id,
+                delivered: 2,
+                acks: Default::default(),
+                reason: String::new(),
+            },
+        );
+        let (refused, _) = lane_resume(&request(id, None), &mut ended, false);
+        assert!(refused.unwrap_err().contains("already used"));
+        let (refused, _) = lane_resume(&request(StreamId([9; 16]), None), &mut ended, true);
+        assert!(refused
+            .unwrap_err()
+            .contains("still carried by another lane"));
     }
 }

@@ -1,0 +1,385 @@
+//! The client's lanes beyond the first ([`crate::lanes`]): each its own QP, keys and
+//! operation stream, opened over the session's TLS connection, acknowledged over its own QP.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::{tls_or, ClientError};
+use crate::datapath::{Ack, Op, StreamId};
+use crate::handshake::{HandshakeError, Message, Resume};
+use crate::lanes::LaneAnswer;
+use crate::protect::{Protection, Side};
+use crate::session::{Arrival, Confirm, Prepared, Secrets, Session, SessionError};
+use crate::verbs::{VerbsError, WcOpcode};
+
+/// One more lane of a session: its session (QP, keys) and its own operation stream.
+pub(crate) struct Lane {
+    pub(crate) index: u32,
+    session: Session,
+    stream: StreamId,
+    next_seq: u64,
+    /// Operations posted and not acknowledged, oldest first, kept to be sent again on the
+    /// lane that resumes this one's stream.
+    pub(crate) outstanding: VecDeque<Kept>,
+    /// The highest sequence ever posted in the lane's stream.
+    sent: u64,
+    window: usize,
+    timeout: Duration,
+    posted: u64,
+    /// The server's answer about the stream when the lane opened, until applied.
+    answered: Resume,
+}
+
+/// An operation kept until the server acknowledges it.
+pub(crate) struct Kept {
+    seq: u64,
+    op: Op,
+    data: Vec<u8>,
+}
+
+/// How opening a lane went ([`Client::add_lane`](super::Client::add_lane)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LaneOpened {
+    /// The lane's number (1 for the second lane).
+    pub lane: u32,
+    /// From the request to a confirmed lane.
+    pub took: Duration,
+    /// Our QP made, the request and the server's answer over TLS, our QP in RTS.
+    pub setup: Duration,
+    /// Of `setup`: our PD, CQs, MRs and QP made, receives posted (before the request).
+    pub prepare: Duration,
+    /// Of `setup`: the request to the server's answer (a TLS round trip and the server's own
+    /// QP made and brought to RTS).
+    pub answer: Duration,
+    /// The tokens exchanged over the lane's QP.
+    pub confirmation: Duration,
+}
+
+/// One lane's traffic so far ([`Client::lane_stats`](super::Client::lane_stats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LaneStats {
+    /// The lane's number (0: the session's first QP).
+    pub lane: u32,
+    /// Operations posted on it.
+    pub posted: u64,
+    /// Of those, awaiting their acknowledgement.
+    pub in_flight: usize,
+    /// The lane's operation stream (the server's deliveries of the lane name it).
+    pub stream: StreamId,
+}
+
+impl Lane {
+    /// Operations this lane may have unacknowledged at once.
+    pub(crate) fn window(&self) -> usize {
+        self.window
+    }
+
+    /// This lane's traffic.
+    pub(crate) fn stats(&self) -> LaneStats {
+        LaneStats {
+            lane: self.index,
+            posted: self.posted,
+            in_flight: self.outstanding.len(),
+            stream: self.stream,
+        }
+    }
+
+    fn lost(&self, source: SessionError) -> ClientError {
+        ClientError::LaneLost {
+            lane: self.index,
+            unacknowledged: self.outstanding.len(),
+            source,
+        }
+    }
+
+    /// Posts one operation with the lane's next sequence.
+    pub(crate) async fn post(&mut self, op: Op, data: &[u8]) -> Result<(), ClientError> {
+        if let Err(e) = self.session.post(op, data).await {
+            return Err(self.lost(e));
+        }
+        self.outstanding.push_back(Kept {
+            seq: self.next_seq,
+            op,
+            data: data.to_vec(),
+        });
+        self.sent = self.next_seq;
+        self.next_seq += 1;
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// The acknowledgement of the lane's oldest operation, over the lane's QP, checked to name
+    /// it; bounded by the client's timeout.
+    pub(crate) async fn next_ack(&mut self) -> Result<Ack, ClientError> {
+        let arrival = tokio::time::timeout(self.timeout, self.session.arrival()).await;
+        let record = match arrival {
+            Err(_) => {
+                return Err(self.lost(SessionError::Timeout(
+                    self.timeout,
+                    "the server's acknowledgement on a lane",
+                )))
+            }
+            Ok(Err(e)) => return Err(self.lost(e)),
+            Ok(Ok(Arrival::Send(record))) => record,
+            Ok(Ok(Arrival::Write(_))) => {
+                return Err(
+                    self.lost(SessionError::Verbs(VerbsError::UnexpectedCompletion(
+                        WcOpcode::RecvRdmaWithImm,
+                    ))),
+                )
+            }
+        };
+        let Some(ack) = Ack::decode(&record) else {
+            return Err(self.lost(SessionError::BadAck { len: record.len() }));
+        };
+        match self.outstanding.front() {
+            Some(k) if k.seq == ack.seq && k.op == ack.op => {
+                self.outstanding.pop_front();
+                Ok(ack)
+            }
+            Some(k) => Err(self.lost(SessionError::WrongAck {
+                sent: k.op,
+                acked: ack.op,
+            })),
+            None => Err(self.lost(SessionError::NothingInFlight)),
+        }
+    }
+}
+
+impl super::Client {
+    /// Opens one more lane on this live session: a QP of its own (fresh CSPRNG PSN, keys and
+    /// confirmation tokens whose exporter context names the lane), asked for and answered
+    /// over the session's TLS connection, with no new TCP connection or TLS handshake, then
+    /// confirmed over the new QP. Operations spread over every lane from then on
+    /// ([`Client::post`](super::Client::post)).
+    ///
+    /// A refusal ([`ClientError::LaneRejected`]: the identity's lane cap, its quota) leaves
+    /// the session and its other lanes as they were. Wait for the operations in flight first
+    /// ([`Client::flush`](super::Client::flush)): the answer comes over the TLS connection,
+    /// the acknowledgements of the streaming data path do not.
+    pub async fn add_lane(&mut self) -> Result<LaneOpened, ClientError> {
+        let (lane, opened) = self.open_lane(StreamId::random(), None).await?;
+        self.lanes.push(lane);
+        Ok(opened)
+    }
+
+    /// Opens a lane carrying `stream`: a fresh one, or, with `resume`, the stream of a lane
+    /// that was lost, from where the client stands in it. Returns the lane (its stream bound
+    /// from the first operation the server has not delivered), with the server's answer about
+    /// the stream applied by the caller.
+    async fn open_lane(
+        &mut self,
+        stream: StreamId,
+        resume: Option<crate::handshake::StreamHello>,
+    ) -> Result<(Lane, LaneOpened), ClientError> {
+        let started = Instant::now();
+        let Some(setup) = self.link.lanes.as_ref() else {
+            return Err(ClientError::NoLanes);
+        };
+        // A lane number names the lane's keys: never used twice in a session.
+        let lane = self.next_lane;
+        self.next_lane += 1;
+        let timeout = self.link.timeout;
+        let conn = self.link.chan.get_ref().get_ref().1;
+        let tokens = crate::tls::lane_confirmation_tokens(conn, Side::Client, lane)?;
+        let protection = match setup.cipher {
+            None => None,
+            Some(c) => {
+                let mut p = Protection::from_tls_lane(conn, Side::Client, c, lane)
+                    .map_err(crate::tls::TlsError::Config)?;
+                p.set_rekey(setup.rekey);
+                Some(p)
+            }
+        };
+        let prepared = Prepared::new(
+            &setup.device,
+            setup.sgid.clone(),
+            Secrets { tokens, protection },
+            setup.session_cfg,
+        )
+        .map_err(device_or_session)?;
+        let prepare = started.elapsed();
+        let window = self.link.window();
+        self.link
+            .chan
+            .send(&Message::LaneOpen {
+                lane,
+                stream,
+                endpoint: prepared.local(),
+                resume,
+            })
+            .await
+            .map_err(tls_or)?;
+        let answer = tokio::time::timeout(timeout, self.link.chan.expect_lane_answer(lane))
+            .await
+            .map_err(|_| {
+                ClientError::Session(SessionError::Timeout(
+                    timeout,
+                    "the server's answer to a lane",
+                ))
+            })?
+            .map_err(tls_or)?;
+        let answer_took = started.elapsed().saturating_sub(prepare);
+        let (remote, answered) = match answer {
+            LaneAnswer::Accepted(remote, answered) => (remote, answered),
+            LaneAnswer::Rejected(reason) => return Err(ClientError::LaneRejected { lane, reason }),
+        };
+        let unconfirmed = prepared.connect(remote).await.map_err(device_or_session)?;
+        let mut session = unconfirmed
+            .confirm(Confirm::First)
+            .await
+            .map_err(|e| match e {
+                SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
+                other => device_or_session(other),
+            })?;
+        // Where the stream goes on: a fresh one from 1, a resumed one after what the server
+        // delivered, an expired one from the oldest operation kept.
+        let first = match (&answered, resume) {
+            (Resume::New, None) => 1,
+            (Resume::Resumed { delivered, .. }, Some(h)) if *delivered <= h.sent => delivered + 1,
+            (Resume::Expired, Some(h)) => h.next,
+            (other, _) => {
+                return Err(tls_or(HandshakeError::Invalid {
+                    field: "resume",
+                    reason: format!("{other:?} for a lane that asked {resume:?}"),
+                }))
+            }
+        };
+        session.bind_stream(Side::Client, stream, first);
+        let timing = session.timing();
+        tracing::debug!(lane, stream = %stream.short(), took = ?started.elapsed(), "lane open");
+        Ok((
+            Lane {
+                index: lane,
+                session,
+                stream,
+                next_seq: first,
+                outstanding: VecDeque::new(),
+                sent: first - 1,
+                window,
+                timeout,
+                posted: 0,
+                answered,
+            },
+            LaneOpened {
+                lane,
+                took: started.elapsed(),
+                setup: timing.setup,
+                prepare,
+                answer: answer_took,
+                confirmation: timing.confirmation,
+            },
+        ))
+    }
+
+    /// Carries the stream of the lost lane `i` on a new lane: the server answers what it
+    /// delivered of the stream (the lost lane drained first), those operations' answers are
+    /// returned, and the rest are posted again on the new lane with their sequences, so each
+    /// is delivered once.
+    pub(crate) async fn resume_lane(
+        &mut self,
+        i: usize,
+        cause: ClientError,
+    ) -> Result<Vec<Ack>, ClientError> {
+        let old = &self.lanes[i];
+        let hello = crate::handshake::StreamHello {
+            id: old.stream,
+            next: old.outstanding.front().map_or(old.next_seq, |k| k.seq),
+            sent: old.sent,
+        };
+        tracing::info!(lane = old.index, stream = %old.stream.short(), error = %cause, "lane lost; resuming its stream on a new lane");
+        let (mut lane, _) = self.open_lane(hello.id, Some(hello)).await?;
+        // The lost lane's QP goes now: the server drained its end before answering.
+        let old = self.lanes.remove(i);
+        let posted = old.posted;
+        let mut kept = old.outstanding;
+        drop(old.session);
+        let mut acks = Vec::new();
+        if let Resume::Resumed { acks: answered, .. } = std::mem::take(&mut lane.answered) {
+            for a in answered {
+                let a = Ack::from(a);
+                match kept.front() {
+                    Some(k) if k.seq == a.seq && k.op == a.op => {
+                        kept.pop_front();
+                        acks.push(a);
+                    }
+                    _ => {
+                        return Err(tls_or(HandshakeError::Invalid {
+                            field: "resume",
+                            reason: format!(
+                                "an answer for {} #{} this lane did not keep",
+                                a.op, a.seq
+                            ),
+                        }))
+                    }
+                }
+            }
+        }
+        // What the server has not delivered goes again, in order, with its sequence.
+        for k in kept {
+            if k.seq != lane.next_seq {
+                return Err(tls_or(HandshakeError::Invalid {
+                    field: "resume",
+                    reason: format!("the server's answer leaves a gap before #{}", k.seq),
+                }));
+            }
+            lane.post(k.op, &k.data).await?;
+        }
+        lane.posted += posted;
+        self.lanes.insert(i, lane);
+        Ok(acks)
+    }
+
+    /// The most lanes the server allows this client's identity (its sessions' first lanes
+    /// included); `None` when the session has no lanes to open.
+    pub fn max_lanes(&self) -> Option<u32> {
+        self.link.lanes.as_ref().map(|l| l.max)
+    }
+
+    /// The session's lanes, its first included.
+    pub fn lanes(&self) -> usize {
+        1 + self.lanes.len()
+    }
+
+    /// Each lane's traffic so far, lane 0 (the session's first QP) first.
+    pub fn lane_stats(&self) -> Vec<LaneStats> {
+        std::iter::once(LaneStats {
+            lane: 0,
+            posted: self.lane0_posted,
+            in_flight: self.unacked_len(),
+            stream: self.stream(),
+        })
+        .chain(self.lanes.iter().map(Lane::stats))
+        .collect()
+    }
+
+    /// The lane the next operation goes on: the one with the fewest operations awaiting their
+    /// acknowledgement, ties broken in turn from the last one chosen. Least-outstanding keeps
+    /// a slow lane from collecting a queue while others are idle; the turn spreads a caller
+    /// that waits for each acknowledgement (every lane then has none outstanding) over all
+    /// lanes rather than always the first.
+    pub(crate) fn pick_lane(&mut self) -> usize {
+        let n = self.lanes();
+        let load = |i: usize| match i {
+            0 => self.unacked_len(),
+            i => self.lanes[i - 1].outstanding.len(),
+        };
+        let start = self.lane_turn % n;
+        let pick = (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&i| load(i))
+            .unwrap_or(0);
+        self.lane_turn = pick + 1;
+        pick
+    }
+}
+
+/// A setup error as the client reports it: the device's, or the session's.
+fn device_or_session(e: SessionError) -> ClientError {
+    match e {
+        SessionError::Verbs(v) => ClientError::Device(v),
+        other => ClientError::Session(other),
+    }
+}

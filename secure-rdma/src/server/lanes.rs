@@ -1,0 +1,345 @@
+//! The server's side of [lanes](crate::lanes): a client's request for one more QP on its live
+//! session, admitted against the identity's lane cap and its quotas, set up and answered over
+//! the session's TLS connection; then the lane's own loop, which delivers and acknowledges
+//! what arrives on it until the session ends or the lane fails.
+//!
+//! A lane's loop runs inside its session's task ([`super::session_loop`]), beside lane 0: a
+//! lane that fails (a forged packet, an RDMA error) ends alone, drained, while the session and
+//! its other lanes go on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::admission::KeyCounts;
+use super::handler::{Delivery, Peer};
+use super::session_loop::{datapath_failure, log_arrival};
+use super::Shared;
+use crate::datapath::{Ack, AckStatus, Op, StreamId};
+use crate::events::DataPathCause;
+use crate::handshake::RejectReason;
+use crate::lanes::LaneRequest;
+use crate::metrics::ActiveLane;
+use crate::protect::{Cipher, Protection, RekeyPolicy, Side};
+use crate::ratelimit::LogLimiter;
+use crate::server::handler::HandlerError;
+use crate::session::{
+    Confirm, Prepared, Secrets, SessionAdmission, SessionConfig, SessionError, Unconfirmed,
+};
+use crate::verbs::{Device, GidEntry};
+
+/// What every lane of one session shares with it.
+pub(super) struct LaneContext<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) identity: &'a str,
+    pub(super) peer: Arc<Peer>,
+    pub(super) device: Arc<Device>,
+    pub(super) sgid: GidEntry,
+    /// The session's own configuration: a lane has the same slots and buffers.
+    pub(super) session_cfg: SessionConfig,
+    pub(super) cipher: Option<Cipher>,
+    pub(super) rekey: RekeyPolicy,
+    /// The session negotiated lanes.
+    pub(super) enabled: bool,
+    /// Arrivals on every lane but lane 0: the session's idle timeout watches them too.
+    pub(super) arrivals: std::sync::atomic::AtomicU64,
+}
+
+/// One lane counted against its identity's cap until dropped.
+pub(super) struct LaneSlot<'a> {
+    identity: String,
+    counts: &'a KeyCounts<String>,
+}
+
+impl Drop for LaneSlot<'_> {
+    fn drop(&mut self) {
+        self.counts.release(&self.identity);
+    }
+}
+
+/// What an open lane holds until its loop ends: its quota counts, its place under the cap and
+/// its place in the metrics. Dropped after its RDMA resources.
+pub(super) struct LaneHeld<'a> {
+    _active: ActiveLane,
+    _quota: Option<(SessionAdmission, crate::quota::TenantQuota)>,
+    _slot: LaneSlot<'a>,
+}
+
+/// How a lane's loop ended, and where its stream stands: what a lane that resumes the stream is
+/// answered from.
+pub(super) struct LaneEnd {
+    pub(super) lane: u32,
+    pub(super) stream: StreamId,
+    /// The highest sequence of the stream the lane delivered (and answered).
+    pub(super) delivered: u64,
+    /// The last answers, oldest first (at most [`super::ACK_MEMORY`]).
+    pub(super) acks: std::collections::VecDeque<Ack>,
+    pub(super) reason: String,
+}
+
+/// A lane refused: the reason the client hears and the metric's label.
+pub(super) struct Refused {
+    pub(super) reason: RejectReason,
+    pub(super) label: &'static str,
+}
+
+impl<'a> LaneContext<'a> {
+    /// Admits and sets up the lane `req` asks for: the cap, the quotas, then its QP connected
+    /// to the client's (RTS). `used` are the lane numbers this session opened so far. Nothing
+    /// of a refused lane stays behind.
+    pub(super) async fn open(
+        &self,
+        req: &LaneRequest,
+        used: &[u32],
+        first: u64,
+        conn: &rustls::ServerConnection,
+    ) -> Result<(Unconfirmed, LaneHeld<'a>), Refused> {
+        let policy = |detail: String| Refused {
+            reason: RejectReason::Policy { detail },
+            label: "policy",
+        };
+        if !self.enabled {
+            return Err(policy(
+                "this session has no lanes: a client asks for them in its hello (capability \
+                 'lanes') on the streaming data path (RDMA acknowledgements), and the server \
+                 offers them when its lane cap is above 1"
+                    .into(),
+            ));
+        }
+        if used.contains(&req.lane) {
+            // The number names the lane's keys: opened again, its sequences would start again
+            // under the same keys and reuse their nonces.
+            return Err(policy(format!(
+                "lane {} was already opened on this session; lane numbers are not reused (each names its keys): ask for the next number",
+                req.lane
+            )));
+        }
+        let cfg = &self.shared.config;
+        let max = cfg.max_lanes_per_identity;
+        // Every session of the identity holds its first lane: what is left is for more lanes.
+        let sessions = self
+            .shared
+            .sessions_by_identity
+            .count(&self.identity.to_owned());
+        let identity = self.identity.to_owned();
+        if let Err(lanes) = self
+            .shared
+            .lanes_by_identity
+            .take(&identity, Some(max.saturating_sub(sessions)))
+        {
+            return Err(Refused {
+                reason: RejectReason::LaneLimit {
+                    identity,
+                    active: sessions + lanes,
+                    max,
+                },
+                label: "lane_limit",
+            });
+        }
+        let slot = LaneSlot {
+            identity,
+            counts: &self.shared.lanes_by_identity,
+        };
+        // A lane makes what a session makes, and counts against the same quota.
+        let quota = match &cfg.quotas {
+            None => None,
+            Some(quotas) => {
+                let tenant = quotas.register(crate::quota::TenantInfo {
+                    identity: self.identity.to_owned(),
+                    pid: std::process::id(),
+                    cgroup_id: self.shared.cgroup_id,
+                });
+                match self.session_cfg.admit(&tenant) {
+                    Ok(admission) => Some((admission, tenant)),
+                    Err(refusal) => {
+                        tracing::warn!(client = %self.identity, lane = req.lane, "INTERCEPTED: {refusal}");
+                        return Err(Refused {
+                            reason: RejectReason::Quota {
+                                detail: refusal.to_string(),
+                            },
+                            label: "quota",
+                        });
+                    }
+                }
+            }
+        };
+        let setup_failed = |detail: String| Refused {
+            reason: RejectReason::Unavailable { detail },
+            label: "setup",
+        };
+        let secrets = lane_secrets(conn, req, first, self.cipher, self.rekey)
+            .map_err(|e| setup_failed(format!("TLS exporter: {e}")))?;
+        let prepared = Prepared::new(&self.device, self.sgid.clone(), secrets, self.session_cfg)
+            .map_err(|e| setup_failed(e.to_string()))?;
+        let unconfirmed = prepared
+            .connect(req.endpoint)
+            .await
+            .map_err(|e| setup_failed(e.to_string()))?;
+        Ok((
+            unconfirmed,
+            LaneHeld {
+                _active: self.shared.metrics.lane_opened(),
+                _quota: quota,
+                _slot: slot,
+            },
+        ))
+    }
+
+    /// Confirms lane `lane` (the client's token first, then ours) and delivers what arrives on
+    /// it, in order, each acknowledged over the lane's own QP, until `ending` says the session
+    /// ends or the lane fails. Returns the lane's number and why it ended; its QP is drained
+    /// before.
+    pub(super) async fn serve(
+        &self,
+        lane: u32,
+        stream: StreamId,
+        first: u64,
+        unconfirmed: Unconfirmed,
+        held: LaneHeld<'a>,
+        mut ending: watch::Receiver<bool>,
+    ) -> LaneEnd {
+        let mut acks = std::collections::VecDeque::new();
+        let mut seq = first.saturating_sub(1);
+        let reason = self
+            .run(lane, stream, &mut seq, &mut acks, unconfirmed, &mut ending)
+            .await;
+        drop(held);
+        tracing::info!(client = %self.identity, lane, %reason, delivered = seq, "lane closed; its QP is freed");
+        LaneEnd {
+            lane,
+            stream,
+            delivered: seq,
+            acks,
+            reason,
+        }
+    }
+
+    /// [`LaneContext::serve`]'s loop: `seq` and `acks` follow what it delivered. Returns why it
+    /// ended, once its QP is drained.
+    async fn run(
+        &self,
+        lane: u32,
+        stream: StreamId,
+        seq: &mut u64,
+        acks: &mut std::collections::VecDeque<Ack>,
+        unconfirmed: Unconfirmed,
+        ending: &mut watch::Receiver<bool>,
+    ) -> String {
+        let metrics = &self.shared.metrics;
+        let timeout = self.session_cfg.timeout;
+        let confirmed = tokio::select! {
+            c = tokio::time::timeout(timeout * 2, unconfirmed.confirm(Confirm::Second)) => c,
+            _ = ending.changed() => return "the session ended before the lane was confirmed".into(),
+        };
+        let mut session = match confirmed {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::warn!(client = %self.identity, lane, error = %e, "lane not confirmed; its resources are freed");
+                return format!("not confirmed: {e}");
+            }
+            Err(_) => return "not confirmed in time".into(),
+        };
+        session.set_poll(self.shared.config.poll);
+        let w = *session.wiring();
+        // QPNs help an attacker aim (ReDMArk): debug only, as lane 0's wiring.
+        tracing::debug!(client = %self.identity, lane, qpn = %w.local.qpn, peer_qpn = %w.remote.qpn, "lane wiring");
+        tracing::info!(client = %self.identity, lane, stream = %stream.short(), "lane open");
+        let counter = metrics.lane_counter(lane);
+        let traffic = metrics.session(self.identity, self.device.name());
+        let mut content_log = LogLimiter::new(20, Duration::from_millis(100));
+        let reason = loop {
+            tokio::select! {
+                _ = ending.changed() => break "the session ended".to_owned(),
+                arrival = session.arrival() => {
+                    let arrival = match arrival {
+                        Ok(a) => a,
+                        Err(SessionError::Auth(e)) => {
+                            // As on lane 0, nothing of it was delivered and the QP cannot go
+                            // on; but only this lane ends: the others have their own keys and
+                            // QPs, which the forgery did not touch.
+                            metrics.auth_failure(self.identity);
+                            metrics.datapath_event(DataPathCause::AuthFailure);
+                            metrics.auth_failure_check(e.check());
+                            tracing::warn!(client = %self.identity, lane, detail = %e, check = e.check(),
+                                "RDMA message failed authentication on a lane (forged, replayed or corrupted); tearing that lane down");
+                            break "RDMA message failed authentication".to_owned();
+                        }
+                        Err(e) => break datapath_failure(metrics, self.identity, &e),
+                    };
+                    *seq += 1;
+                    let seq = *seq;
+                    counter.inc();
+                    self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let op = arrival.op();
+                    traffic.received(op, arrival.data().len());
+                    let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);
+                    let mut status = AckStatus::Delivered;
+                    match &self.shared.handler {
+                        None => log_arrival(self.identity, op, seq, false, arrival.data(), &mut content_log),
+                        Some(handler) => {
+                            let delivery = Delivery::new(Arc::clone(&self.peer), seq, arrival)
+                                .in_stream(stream, false);
+                            let handled = tokio::select! {
+                                handled = handler.handle_boxed(delivery) => handled,
+                                _ = ending.changed() => break "the session ended".to_owned(),
+                            };
+                            match handled {
+                                Ok(()) => {}
+                                Err(e @ HandlerError::Refused(_)) => {
+                                    tracing::warn!(client = %self.identity, lane, seq, error = %e, "the application refused an operation; answering it as refused");
+                                    status = AckStatus::Refused;
+                                }
+                                Err(e) => break format!("{e}"),
+                            }
+                        }
+                    }
+                    let ack = Ack { op, seq, bytes, status };
+                    // Remembered before the client hears it: a lane that resumes this stream
+                    // is answered from here.
+                    if acks.len() == super::ACK_MEMORY {
+                        acks.pop_front();
+                    }
+                    acks.push_back(ack);
+                    if let Err(e) = session.post(Op::Send, &ack.encode()).await {
+                        break datapath_failure(metrics, self.identity, &e);
+                    }
+                }
+            }
+        };
+        let courtesy = self
+            .shared
+            .config
+            .limits
+            .write_timeout
+            .min(Duration::from_secs(2));
+        if let Err(e) = session.drain(courtesy).await {
+            tracing::warn!(client = %self.identity, lane, error = %e, "draining the lane's QP");
+        }
+        reason
+    }
+}
+
+/// The server's confirmation tokens and payload keys of the lane `req` asks for: the exporter
+/// context names the lane, and the keys are bound to the lane's stream from its first
+/// operation.
+fn lane_secrets(
+    conn: &rustls::ServerConnection,
+    req: &LaneRequest,
+    first: u64,
+    cipher: Option<Cipher>,
+    rekey: RekeyPolicy,
+) -> Result<Secrets, crate::tls::TlsError> {
+    let tokens = crate::tls::lane_confirmation_tokens(conn, Side::Server, req.lane)?;
+    let protection = match cipher {
+        None => None,
+        Some(c) => {
+            let mut p = Protection::from_tls_lane(conn, Side::Server, c, req.lane)
+                .map_err(crate::tls::TlsError::Config)?;
+            p.bind_stream(Side::Server, req.stream, first);
+            p.set_rekey(rekey);
+            Some(p)
+        }
+    };
+    Ok(Secrets { tokens, protection })
+}
