@@ -69,14 +69,13 @@ pub async fn start(
             } else {
                 "in-process"
             };
-            tracing::info!(
-                source,
-                report = %report::render_json(&snapshot),
-                "telemetry"
-            );
+            let json = report::render_json(&snapshot);
+            // Published before it is logged: whoever reads the log line and then scrapes must
+            // find this report (metrics_endpoint.rs once scraped between the two and missed it).
             if let Some(tx) = &tx {
                 tx.send_replace(Some(Arc::new(snapshot)));
             }
+            tracing::info!(source, report = %json, "telemetry");
         }
     });
     Ok(())
