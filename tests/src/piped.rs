@@ -166,8 +166,11 @@ impl Piped {
     /// Types a line.
     pub fn command(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{line}").expect("write to the client");
-        stdin.flush().expect("flush the client's stdin");
+        let wrote = writeln!(stdin, "{line}").and_then(|()| stdin.flush());
+        if let Err(e) = wrote {
+            // The client exited: what it said is why.
+            panic!("write to the client: {e}\n{}", self.context());
+        }
     }
 
     /// Types the line that SENDs `msg`.
