@@ -163,6 +163,13 @@ impl Piped {
             .collect()
     }
 
+    /// Sends the client process a signal (e.g. SIGSTOP and SIGCONT to hold it still).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({sig})");
+    }
+
     /// Types a line.
     pub fn command(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
