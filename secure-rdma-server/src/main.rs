@@ -125,12 +125,13 @@ struct Opts {
     #[arg(long)]
     #[serde(default)]
     allow_gid_mismatch: bool,
-    /// Give each client the rkey of a type 2 memory window bound to its session's QP over its
-    /// write slots and invalidated when the session ends, instead of the write region's own
-    /// rkey (off by default: see the README's memory windows)
+    /// Give clients the write region's own rkey instead of the rkey of a type 2 memory window
+    /// bound to their session's QP and invalidated when the session ends (windows are used by
+    /// default wherever the device has them; this is for comparison or a device whose windows
+    /// misbehave)
     #[arg(long)]
     #[serde(default)]
-    memory_windows: bool,
+    no_memory_windows: bool,
     /// How sessions wait for RDMA completions; busy costs a core per active session (for
     /// dedicated hosts and benchmarks) [default: event]
     #[arg(long, value_name = "MODE", value_parser = EnumValueParser::<PollMode>::new().map(Poll::from))]
@@ -221,7 +222,7 @@ struct Opts {
     /// message); 0 turns this threshold off. All three at 0: keys never rotate [default: 3600]
     #[arg(long, value_name = "SECS")]
     rekey_after_seconds: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, identity, trust-domain, ca, cert, key, crl)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -588,7 +589,7 @@ async fn serve(flags: Opts) -> Result<()> {
         )?)
         .with_protection(protection)
         .with_allow_gid_mismatch(allow_gid_mismatch)
-        .with_memory_windows(flags.memory_windows || file.memory_windows)
+        .with_memory_windows(!(flags.no_memory_windows || file.no_memory_windows))
         .with_max_lanes_per_identity(
             flags
                 .max_lanes_per_identity

@@ -216,7 +216,7 @@ impl Default for SessionConfig {
             protected: true,
             accept_writes: true,
             peer_address: None,
-            memory_window: false,
+            memory_window: true,
         }
     }
 }
@@ -293,9 +293,10 @@ const INVALIDATE_WR: u64 = 4;
 
 /// One connection's RDMA resources in RTS, confirmed.
 pub struct Session {
-    // Field order is drop order: the window first (deallocating it releases the QP and the
-    // region it is bound to), then the QP, then the regions.
-    window: Option<MemoryWindow>,
+    // The bound window is shared with the QP, which deallocates it just before the QP is
+    // destroyed, on every path (drained, dropped, or an error in `establish`): deallocating it
+    // releases the QP and the region it is bound to. Then the QP goes, then the regions.
+    window: Option<Arc<MemoryWindow>>,
     qp: QueuePair<Rts>,
     send_mr: Arc<MemoryRegion>,
     recv_mr: Arc<MemoryRegion>,
@@ -680,7 +681,7 @@ impl Session {
 /// the first half of [`Session::establish`], and of a lane ([`crate::lanes`]), whose
 /// endpoints travel in other messages.
 pub struct Prepared {
-    window: Option<MemoryWindow>,
+    window: Option<Arc<MemoryWindow>>,
     qp: QueuePair<crate::verbs::Init>,
     send_mr: Arc<MemoryRegion>,
     recv_mr: Arc<MemoryRegion>,
@@ -737,31 +738,25 @@ impl Prepared {
         let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
         // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
         // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
-        let window = match config.accept_writes && config.memory_window {
-            true => match MemoryWindow::alloc(&pd) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no type 2 memory window on this device; the peer gets the write region's own rkey");
-                    None
+        let windows = config.accept_writes
+            && config.memory_window
+            && {
+                let has = device.has_type2_windows();
+                if !has {
+                    tracing::warn!(device = %device.name(), "no type 2 memory windows on this device; the peer gets the write region's own rkey");
                 }
-            },
-            false => None,
-        };
+                has
+            };
         let data_mr = match config.accept_writes {
             true => Some(MemoryRegion::new(
                 &pd,
                 bs * write_slots,
-                match window {
-                    Some(_) => MrAccess::WindowBind,
-                    None => MrAccess::RemoteWrite,
+                match windows {
+                    true => MrAccess::WindowBind,
+                    false => MrAccess::RemoteWrite,
                 },
             )?),
             false => None,
-        };
-        let buffer = match (&window, &data_mr) {
-            (Some(w), Some(mr)) => Some(w.remote(mr)),
-            (None, Some(mr)) => Some(mr.remote()),
-            _ => None,
         };
         let caps = QpCaps {
             max_send_wr: u32::try_from(send_slots.max(16)).unwrap_or(u32::MAX),
@@ -769,6 +764,20 @@ impl Prepared {
         };
         let mut qp = QueuePair::create(&pd, &send_cq, &recv_cq, sgid.clone(), caps)?
             .into_init(config.accept_writes)?;
+        // The window is allocated after the QP, as the session's newest kernel object: when a
+        // process dies without draining (SIGKILL), the kernel destroys its objects newest first,
+        // so the window goes (releasing rxe's reference on the QP it is bound to) before the
+        // QP, whose destruction would otherwise wait 50 s for that reference (Linux 6.1; see
+        // the README's memory windows).
+        let window = match (windows, &data_mr) {
+            (true, Some(_)) => Some(Arc::new(MemoryWindow::alloc(&pd)?)),
+            _ => None,
+        };
+        let buffer = match (&window, &data_mr) {
+            (Some(w), Some(mr)) => Some(w.remote(mr)),
+            (None, Some(mr)) => Some(mr.remote()),
+            _ => None,
+        };
         for slot in 0..slots {
             qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
         }
@@ -1043,7 +1052,8 @@ impl Session {
                 }
             }
         }
-        // Deallocated before the QP and the region are destroyed (it holds both).
+        // The QP holds the window too: both go when `qp` is dropped here, the window first (it
+        // holds references on the QP and the region).
         drop(window);
         Ok(drained)
     }

@@ -163,11 +163,21 @@ impl Piped {
             .collect()
     }
 
+    /// Sends the client process a signal (e.g. SIGSTOP and SIGCONT to hold it still).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({sig})");
+    }
+
     /// Types a line.
     pub fn command(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{line}").expect("write to the client");
-        stdin.flush().expect("flush the client's stdin");
+        let wrote = writeln!(stdin, "{line}").and_then(|()| stdin.flush());
+        if let Err(e) = wrote {
+            // The client exited: what it said is why.
+            panic!("write to the client: {e}\n{}", self.context());
+        }
     }
 
     /// Types the line that SENDs `msg`.

@@ -53,7 +53,7 @@ struct Lab {
 
 impl Lab {
     fn start(port: u16, metrics_port: u16) -> Lab {
-        Lab::start_with(port, metrics_port, &["--memory-windows"])
+        Lab::start_with(port, metrics_port, &[])
     }
 
     /// With `extra` server flags.
@@ -373,7 +373,7 @@ fn a_previous_sessions_rkey_lands_nothing_while_the_current_one_reaches_the_aead
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn without_memory_windows_a_previous_sessions_rkey_lands_nothing_either() {
-    old_rkey_attack(Lab::start_with(4593, 9593, &[]));
+    old_rkey_attack(Lab::start_with(4593, 9593, &["--no-memory-windows"]));
 }
 
 /// A plain RDMA WRITE (no immediate) with the session's own rkey into the slot the client's
@@ -559,7 +559,7 @@ fn rkeys_differ_across_100_sessions_and_no_memory_region_outlives_its_session() 
     let pki = Pki::new();
     pki.clients(&["many".to_owned()]);
     // The server logs each session's rkey at debug ("RDMA wiring").
-    let server = ServerProc::start(&pki, 4592, &["--memory-windows"]);
+    let server = ServerProc::start(&pki, 4592, &[]);
     let out = wait_with_deadline(
         client(&pki, &server, Some("many"))
             .args(["bench", "connect", "-n", "100", "--concurrency", "1"])

@@ -92,7 +92,7 @@ pub struct ServerConfig {
     pub rekey: RekeyPolicy,
     /// Give each session's peer the rkey of a type 2 memory window bound to the session's QP
     /// over its write slots, invalidated when the session ends, rather than the write region's
-    /// own rkey (default off; devices without type 2 windows fall back to the region's rkey).
+    /// own rkey (default on; devices without type 2 windows fall back to the region's rkey).
     pub memory_windows: bool,
     /// Lanes (RC QPs) one identity may hold at once across its sessions, the first lane of
     /// each session included ([`crate::lanes`]): a client that opens more lanes on a live
@@ -138,7 +138,7 @@ impl ServerConfig {
             identity: IdentitySource::default(),
             spiffe_trust_domains: Vec::new(),
             rekey: RekeyPolicy::default(),
-            memory_windows: false,
+            memory_windows: true,
             max_lanes_per_identity: crate::lanes::DEFAULT_MAX_LANES_PER_IDENTITY,
         }
     }

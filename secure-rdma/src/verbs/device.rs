@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
-use sideway::ibverbs::device_context::{DeviceContext, Mtu};
+use sideway::ibverbs::device_context::{DeviceCapabilityFlags, DeviceContext, Mtu};
 use sideway::ibverbs::protection_domain::ProtectionDomain as SwPd;
 
 use super::gid::{select_gid, Gid, GidEntry, GidKind, GidSelector};
@@ -80,6 +80,8 @@ impl std::fmt::Display for Availability {
 pub struct Device {
     name: String,
     ctx: Arc<DeviceContext>,
+    /// Whether the device binds type 2 memory windows, asked once (`ibv_query_device_ex`).
+    type2_windows: std::sync::OnceLock<bool>,
 }
 
 impl std::fmt::Debug for Device {
@@ -166,7 +168,11 @@ impl Device {
         let ctx = dev
             .open()
             .map_err(|e| VerbsError::verb("ibv_open_device", &name, e))?;
-        Ok(Arc::new(Device { name, ctx }))
+        Ok(Arc::new(Device {
+            name,
+            ctx,
+            type2_windows: std::sync::OnceLock::new(),
+        }))
     }
 
     /// Finds the device carrying a RoCEv2 GID for `addr` (the local address
@@ -253,6 +259,21 @@ impl Device {
             .query_port(PORT)
             .map_err(|e| VerbsError::verb("ibv_query_port", &self.name, e))?;
         Ok(PathMtu::from_sideway(port.active_mtu()))
+    }
+
+    /// Whether the device has type 2 memory windows (`IBV_DEVICE_MEM_WINDOW_TYPE_2B`), which
+    /// [`MemoryWindow`](super::MemoryWindow) needs. Asked once per device; a device that cannot
+    /// be queried counts as without them.
+    pub fn has_type2_windows(&self) -> bool {
+        *self.type2_windows.get_or_init(|| match self.ctx.query_device() {
+            Ok(attr) => attr
+                .device_cap_flags()
+                .contains(DeviceCapabilityFlags::MemoryWindowType2B),
+            Err(e) => {
+                tracing::debug!(device = %self.name, error = %e, "ibv_query_device_ex failed: no memory windows");
+                false
+            }
+        })
     }
 
     /// Allocates a protection domain on this device.

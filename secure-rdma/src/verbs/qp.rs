@@ -189,8 +189,11 @@ pub struct QpAttributes {
 
 /// An RC queue pair in state `S`.
 pub struct QueuePair<S: QpState> {
-    // Field order is drop order: destroy the QP before releasing the regions
-    // it may still reference and the CQs it reports to.
+    // Field order is drop order: deallocate the windows bound on the QP first (rxe holds a
+    // reference on the QP for each bound window, and destroying the QP before them waits for
+    // it: 50 s on Linux 6.1, see the README's memory windows), then destroy the QP before
+    // releasing the regions it may still reference and the CQs it reports to.
+    windows: Vec<Arc<MemoryWindow>>,
     qp: BasicQueuePair,
     pinned: Vec<Arc<MemoryRegion>>,
     send_cq: Arc<CompletionQueue>,
@@ -234,6 +237,7 @@ impl QueuePair<Reset> {
             .map_err(|e| VerbsError::verb("ibv_create_qp", pd.device().name(), e))?;
         let qpn = Qpn::new(qp.qp_number())?;
         Ok(QueuePair {
+            windows: Vec::new(),
             qp,
             pinned: Vec::new(),
             send_cq: Arc::clone(send_cq),
@@ -371,6 +375,7 @@ impl<S: QpState> QueuePair<S> {
 
     fn into_state<T: QpState>(self) -> QueuePair<T> {
         QueuePair {
+            windows: self.windows,
             qp: self.qp,
             pinned: self.pinned,
             send_cq: self.send_cq,
@@ -485,11 +490,12 @@ impl QueuePair<Rts> {
 
     /// Binds the type 2 window `mw` over all of `mr` with remote write access (a signaled
     /// `IBV_WR_BIND_MW`): once it completes, the window's [`rkey`](MemoryWindow::rkey) lets
-    /// the peer of this QP, and no other QP, write into `mr`.
+    /// the peer of this QP, and no other QP, write into `mr`. The QP keeps `mw` and deallocates
+    /// it, at the latest, just before the QP is destroyed.
     pub fn post_bind_window(
         &mut self,
         wr_id: u64,
-        mw: &MemoryWindow,
+        mw: &Arc<MemoryWindow>,
         mr: &Arc<MemoryRegion>,
     ) -> Result<(), VerbsError> {
         if !Arc::ptr_eq(mr.pd(), &self.pd) || !Arc::ptr_eq(mw.pd(), &self.pd) {
@@ -497,6 +503,9 @@ impl QueuePair<Rts> {
         }
         if !self.pinned.iter().any(|p| Arc::ptr_eq(p, mr)) {
             self.pinned.push(Arc::clone(mr));
+        }
+        if !self.windows.iter().any(|w| Arc::ptr_eq(w, mw)) {
+            self.windows.push(Arc::clone(mw));
         }
         // SAFETY: all-zero is a valid ibv_send_wr (null pointers, no SGEs).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
