@@ -6,9 +6,11 @@
 //! script runs them in the VM with `--include-ignored`. Inside, a missing lab
 //! is a test failure, never a skip.
 
+pub mod collector;
 pub mod example;
 pub mod faults;
 pub mod inject;
+pub mod injector;
 pub mod piped;
 pub mod secure;
 pub mod stream;

@@ -224,6 +224,20 @@ impl ServerProc {
             })
             .collect()
     }
+
+    /// Its "failed authentication" warnings (a message refused by the AEAD checks), in log
+    /// order.
+    pub fn auth_failures(&self) -> Vec<Value> {
+        self.log
+            .events()
+            .into_iter()
+            .filter(|e| {
+                e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("failed authentication"))
+            })
+            .collect()
+    }
 }
 
 /// A log field rendered with `{:?}` ("\"text\"") back to the text.
