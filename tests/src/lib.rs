@@ -12,6 +12,7 @@ pub mod faults;
 pub mod inject;
 pub mod injector;
 pub mod piped;
+pub mod readme;
 pub mod secure;
 pub mod stream;
 pub mod tcp;

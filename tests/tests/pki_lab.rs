@@ -16,6 +16,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use secure_rdma_tests::readme;
 use secure_rdma_tests::secure::{bin, client_command, unquote, Held, Lines};
 use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, ADDR_A};
 
@@ -24,53 +25,10 @@ const ALICE: &str = "spiffe://example.org/ns/prod/sa/alice";
 const OTHER_ALICE: &str = "spiffe://other.example/ns/prod/sa/alice";
 const METRICS: &str = "127.0.0.1:19436";
 
-/// The README's openssl block (between `<!-- byo-pki -->` and `<!-- /byo-pki -->`).
-fn readme_block() -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root");
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let start = readme.find("<!-- byo-pki -->").expect("<!-- byo-pki -->");
-    let end = start
-        + readme[start..]
-            .find("<!-- /byo-pki -->")
-            .expect("<!-- /byo-pki -->");
-    readme[start..end]
-        .lines()
-        .skip(1)
-        .filter(|l| !l.starts_with("```"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn sh(dir: &Path, script: &str) {
-    let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", script])
-        .current_dir(dir)
-        .output()
-        .expect("bash");
-    assert!(
-        out.status.success(),
-        "{script}\nfailed (is openssl installed?): {}",
-        text(&out.stderr)
-    );
-}
-
 /// The README's PKI, plus `other`: alice's path under another trust domain.
 fn openssl_pki() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    sh(dir.path(), &readme_block());
-    sh(
-        dir.path(),
-        &format!(
-            "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-               -keyout other.key -out other.csr -subj /CN=alice
-             printf '%s\\n' basicConstraints=critical,CA:FALSE keyUsage=critical,digitalSignature \
-               extendedKeyUsage=clientAuth subjectAltName=URI:{OTHER_ALICE} > other.ext
-             openssl x509 -req -in other.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
-               -extfile other.ext -out other.pem"
-        ),
-    );
+    let dir = readme::byo_pki();
+    readme::openssl_client(dir.path(), "other", "alice", &format!("URI:{OTHER_ALICE}"));
     dir
 }
 
