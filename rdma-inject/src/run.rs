@@ -14,7 +14,7 @@ use crate::forge::{forge, renumber, BlindSpec, ForgeError, Forged, Injection};
 use crate::learn::{Flow, FlowLearner, Verdict};
 use crate::net::{Interface, NetError, Observer, Sender};
 use crate::plan::{LearnOptions, Plan};
-use crate::replay::{requests_from_pcap, ReplayError};
+use crate::replay::{requests_from_pcap, CapturedRequest, ReplayError};
 use crate::report::{flow_text, BlindSummary, ObserveSummary, ReplaySummary, Reporter, Summary};
 
 /// Why a run failed.
@@ -492,15 +492,7 @@ fn replay<W: Write>(
 ) -> Result<(), RunError> {
     let start = Instant::now();
     let (iface, sender, mut obs) = sockets(iface)?;
-    let bytes = std::fs::read(file).map_err(|source| RunError::File {
-        what: "reading",
-        path: file.to_owned(),
-        source,
-    })?;
-    let requests = requests_from_pcap(&bytes).map_err(|source| RunError::Replay {
-        path: file.to_owned(),
-        source,
-    })?;
+    let requests = read_requests(file)?;
     let mut injected = 0;
     let flow = match live {
         None => {
@@ -567,8 +559,22 @@ fn as_captured(r: &crate::replay::CapturedRequest, file: &Path) -> Result<Forged
     })
 }
 
-/// Unreachable in practice: every kept request decoded when the file was read.
-fn replay_decode(path: &Path, e: roce::DecodeError) -> RunError {
+/// The request packets of the capture `file`.
+pub(crate) fn read_requests(file: &Path) -> Result<Vec<CapturedRequest>, RunError> {
+    let bytes = std::fs::read(file).map_err(|source| RunError::File {
+        what: "reading",
+        path: file.to_owned(),
+        source,
+    })?;
+    requests_from_pcap(&bytes).map_err(|source| RunError::Replay {
+        path: file.to_owned(),
+        source,
+    })
+}
+
+/// A packet of the capture `path` (or one rebuilt from it) that does not decode. Unreachable in
+/// practice: every kept request decoded when the file was read.
+pub(crate) fn replay_decode(path: &Path, e: roce::DecodeError) -> RunError {
     RunError::File {
         what: "decoding a request of",
         path: path.to_owned(),
@@ -619,16 +625,8 @@ mod tests {
 
     #[test]
     fn too_few_requests_and_no_quiet_are_told_apart() {
-        let send = roce::PacketBuilder::new(roce::Opcode::RC_SEND_ONLY)
-            .ipv4([10, 77, 0, 2].into(), [10, 77, 0, 1].into())
-            .dest_qp(17)
-            .psn(0x41)
-            .payload(*b"x")
-            .frame()
-            .unwrap();
-        let mut learner = FlowLearner::new(None);
-        learner.observe(&roce::decode_ethernet(&send).unwrap());
-        let flow = learner.flow();
+        let learned = crate::learn::flow_of_one_send();
+        let flow = Some(&learned);
         let e = not_learned(flow, &learn_options(), &seen());
         let RunError::NothingLearned(n) = &e else {
             panic!("{e:?}")

@@ -11,9 +11,11 @@ use roce::PacketBuilder;
 use crate::forge::{forge, renumber, ForgeError, Forged, Injection};
 use crate::net::Observer;
 use crate::plan::LearnOptions;
-use crate::replay::requests_from_pcap;
 use crate::report::{flow_text, Reporter, SealedSummary, Summary};
-use crate::run::{elapsed_ms, out, sockets, watch_until_quiet, NotLearned, RunError, Shortfall};
+use crate::run::{
+    elapsed_ms, out, read_requests, replay_decode, sockets, watch_until_quiet, NotLearned,
+    RunError, Shortfall,
+};
 use crate::sealed::{
     forgery, renumbered, sealed_in, SealedAttack, SealedHeader, SealedLearner, SealedReport,
     OP_SEND, OP_WRITE, OVERHEAD, TAG_LEN, WIRE_VERSION,
@@ -173,25 +175,13 @@ fn target_seq(l: &SealedLearner, seq: Option<u64>) -> Option<u64> {
 }
 
 fn decode<'a>(frame: &'a [u8], file: &Path) -> Result<roce::Packet<'a>, RunError> {
-    roce::decode_ethernet(frame).map_err(|e| RunError::File {
-        what: "decoding a request of",
-        path: file.to_owned(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-    })
+    roce::decode_ethernet(frame).map_err(|e| replay_decode(file, e))
 }
 
 /// The first request of a capture that carries a whole sealed message (SEND Only or WRITE
 /// Only with Immediate), and its header.
 fn first_sealed(file: &Path) -> Result<(Vec<u8>, SealedHeader), RunError> {
-    let bytes = std::fs::read(file).map_err(|source| RunError::File {
-        what: "reading",
-        path: file.to_owned(),
-        source,
-    })?;
-    let requests = requests_from_pcap(&bytes).map_err(|source| RunError::Replay {
-        path: file.to_owned(),
-        source,
-    })?;
+    let requests = read_requests(file)?;
     for r in &requests {
         let Ok(p) = r.packet() else { continue };
         // Only a message in one packet: a multi-packet one would need every packet renumbered.
