@@ -7,6 +7,7 @@
 //! is a test failure, never a skip.
 
 pub mod collector;
+pub mod dlverbs;
 pub mod example;
 pub mod faults;
 pub mod inject;
