@@ -12,6 +12,7 @@ pub mod example;
 pub mod faults;
 pub mod inject;
 pub mod injector;
+pub mod no_rdma;
 pub mod piped;
 pub mod readme;
 pub mod secure;
