@@ -148,14 +148,7 @@ impl Forged {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn forge(flow: &Flow, injection: &Injection) -> Result<Forged, ForgeError> {
-    let base = flow
-        .template
-        .clone()
-        .ext(ExtHeaders::default())
-        .dest_qp(flow.dst_qpn)
-        .psn(flow.next_psn)
-        .ack_req(true)
-        .solicited(true);
+    let base = next_request(flow).solicited(true);
     let (b, len) = match injection {
         Injection::Send(data) => (
             base.with_opcode(Opcode::RC_SEND_ONLY).payload(data.clone()),
@@ -288,6 +281,18 @@ pub fn renumber(captured: &Packet<'_>, flow: &Flow, psn: u32) -> Result<Forged, 
         (src, dst) => return Err(ForgeError::MixedIpVersions { src, dst }),
     };
     Forged::of(&b, flow.dst_qpn, psn, captured.payload.len())
+}
+
+/// The flow's next request as its requester would send it: the last request's headers, to the
+/// responder's QP at the next PSN, asking for an acknowledgement; the caller adds the opcode's
+/// headers and the payload.
+pub(crate) fn next_request(flow: &Flow) -> PacketBuilder {
+    flow.template
+        .clone()
+        .ext(ExtHeaders::default())
+        .dest_qp(flow.dst_qpn)
+        .psn(flow.next_psn)
+        .ack_req(true)
 }
 
 #[cfg(test)]

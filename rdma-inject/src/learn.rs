@@ -229,6 +229,22 @@ fn template(p: &Packet<'_>) -> PacketBuilder {
         .payload(Vec::new())
 }
 
+/// The flow learned from one RC SEND Only from 10.77.0.2 to QP 17 of 10.77.0.1, PSN 0x41: a
+/// fixture for the unit tests of what takes a learned flow.
+#[cfg(test)]
+pub(crate) fn flow_of_one_send() -> Flow {
+    let send = PacketBuilder::new(roce::Opcode::RC_SEND_ONLY)
+        .ipv4([10, 77, 0, 2].into(), [10, 77, 0, 1].into())
+        .dest_qp(17)
+        .psn(0x41)
+        .payload(*b"x")
+        .frame()
+        .unwrap();
+    let mut l = FlowLearner::new(None);
+    l.observe(&roce::decode_ethernet(&send).unwrap());
+    l.flow().unwrap().clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,10 +36,10 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use roce::{AethSyndrome, ExtHeaders, ImmDt, Opcode, Operation, PacketBuilder, Reth};
+use roce::{AethSyndrome, ImmDt, Opcode, Operation, PacketBuilder, Reth};
 use serde::Serialize;
 
-use crate::forge::{ForgeError, Forged};
+use crate::forge::{next_request, ForgeError, Forged};
 use crate::learn::Flow;
 use crate::net::Observer;
 use crate::plan::LearnOptions;
@@ -114,13 +114,7 @@ pub fn forge_access(flow: &Flow, access: &MemoryAccess) -> Result<Forged, ForgeE
             })
         }
     };
-    let base = flow
-        .template
-        .clone()
-        .ext(ExtHeaders::default())
-        .dest_qp(flow.dst_qpn)
-        .psn(flow.next_psn)
-        .ack_req(true);
+    let base = next_request(flow);
     let len_of =
         |data: &[u8]| u32::try_from(data.len()).map_err(|_| ForgeError::PayloadTooLong(data.len()));
     let (b, payload_len): (PacketBuilder, usize) = match &access.op {

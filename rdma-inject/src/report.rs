@@ -304,21 +304,7 @@ pub fn flow_text(f: &Flow) -> String {
 mod tests {
     use super::*;
     use crate::forge::{forge, Injection};
-    use crate::learn::FlowLearner;
-    use roce::{Opcode, PacketBuilder};
-
-    fn flow() -> Flow {
-        let seen = PacketBuilder::new(Opcode::RC_SEND_ONLY)
-            .ipv4([10, 77, 0, 2].into(), [10, 77, 0, 1].into())
-            .dest_qp(17)
-            .psn(0x41)
-            .payload(*b"x")
-            .frame()
-            .unwrap();
-        let mut l = FlowLearner::new(None);
-        l.observe(&roce::decode_ethernet(&seen).unwrap());
-        l.flow().unwrap().clone()
-    }
+    use crate::learn::flow_of_one_send as flow;
 
     #[test]
     fn json_lines_are_one_object_per_packet_and_a_summary() {

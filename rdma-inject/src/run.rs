@@ -14,7 +14,7 @@ use crate::forge::{forge, renumber, BlindSpec, ForgeError, Forged, Injection};
 use crate::learn::{Flow, FlowLearner, Verdict};
 use crate::net::{Interface, NetError, Observer, Sender};
 use crate::plan::{LearnOptions, Plan};
-use crate::replay::{requests_from_pcap, ReplayError};
+use crate::replay::{requests_from_pcap, CapturedRequest, ReplayError};
 use crate::report::{flow_text, BlindSummary, ObserveSummary, ReplaySummary, Reporter, Summary};
 
 /// Why a run failed.
@@ -254,10 +254,7 @@ pub(crate) fn learn_live(
     save_path: Option<&Path>,
     seen: &mut Seen,
 ) -> Result<Flow, RunError> {
-    let start = Instant::now();
-    let deadline = start + opts.timeout;
     let mut learner = FlowLearner::new(opts.dst);
-    let mut last_request: Option<Instant> = None;
     tracing::info!(
         iface = opts.iface,
         dst = ?opts.dst,
@@ -267,54 +264,97 @@ pub(crate) fn learn_live(
         opts.iface,
         opts.dst.map(|d| format!(" to {d}")).unwrap_or_default()
     );
+    let learned = watch_until_quiet(
+        obs,
+        opts,
+        &mut learner,
+        &mut seen.frames,
+        &mut seen.roce,
+        |l| {
+            l.flow()
+                .is_some_and(|f| f.requests >= opts.min_packets && !f.message_open)
+        },
+        |l, p, frame| {
+            let verdict = l.observe(p);
+            tracing::trace!(?verdict, direction = ?frame.direction, opcode = p.opcode().name(), psn = p.bth.psn, "packet");
+            match verdict {
+                Verdict::Request { .. } => {
+                    if let (Some(w), Some(path)) = (save.as_deref_mut(), save_path) {
+                        w.write_packet(Timestamp::now(), frame.frame, frame.orig_len)
+                            .map_err(|source| RunError::File {
+                                what: "writing",
+                                path: path.to_owned(),
+                                source,
+                            })?;
+                        seen.saved += 1;
+                    }
+                }
+                Verdict::Unfollowed => tracing::warn!(
+                    opcode = p.opcode().name(),
+                    "a request that reserves an unknown number of PSNs: the learned PSN may be behind"
+                ),
+                Verdict::BadIcrc => tracing::debug!("a packet with a bad ICRC, ignored"),
+                Verdict::Response | Verdict::Other => {}
+            }
+            Ok(verdict)
+        },
+    );
+    match (learned?, learner.flow()) {
+        (true, Some(flow)) => {
+            tracing::info!("learned {}", flow_text(flow));
+            Ok(flow.clone())
+        }
+        _ => Err(not_learned(learner.flow(), opts, seen)),
+    }
+}
+
+/// The observation loop of every attack that learns a live flow: feeds each RoCE frame seen
+/// on the interface to `observe` (which updates `learner` and says what the packet was) and
+/// returns `Ok(true)` once `ready(learner)` holds and the flow has been quiet for
+/// `opts.quiet` since its last request (the moment to inject at the next PSN), `Ok(false)` at
+/// `opts.timeout`. `frames` and `roce` count what was seen, for the error that says why
+/// nothing was learned.
+pub(crate) fn watch_until_quiet<L>(
+    obs: &mut Observer,
+    opts: &LearnOptions,
+    learner: &mut L,
+    frames: &mut u64,
+    roce: &mut u64,
+    ready: impl Fn(&L) -> bool,
+    mut observe: impl FnMut(
+        &mut L,
+        &roce::Packet<'_>,
+        &crate::net::Seen<'_>,
+    ) -> Result<Verdict, RunError>,
+) -> Result<bool, RunError> {
+    let deadline = Instant::now() + opts.timeout;
+    let mut last_request: Option<Instant> = None;
     loop {
         let now = Instant::now();
-        let ready = learner
-            .flow()
-            .filter(|f| f.requests >= opts.min_packets && !f.message_open);
-        if let (Some(flow), Some(at)) = (ready, last_request) {
+        let ready = ready(learner);
+        if let (true, Some(at)) = (ready, last_request) {
             if now.duration_since(at) >= opts.quiet {
-                tracing::info!("learned {}", flow_text(flow));
-                return Ok(flow.clone());
+                return Ok(true);
             }
         }
         if now >= deadline {
-            return Err(not_learned(learner.flow(), opts, seen));
+            return Ok(false);
         }
         let wait = match (ready, last_request) {
-            (Some(_), Some(at)) => (at + opts.quiet).saturating_duration_since(now),
+            (true, Some(at)) => (at + opts.quiet).saturating_duration_since(now),
             _ => deadline - now,
         }
         .min(deadline - now);
         let Some(frame) = obs.next(wait)? else {
             continue;
         };
-        seen.frames += 1;
+        *frames += 1;
         let Ok(p) = roce::decode_ethernet(frame.frame) else {
             continue;
         };
-        seen.roce += 1;
-        let verdict = learner.observe(&p);
-        tracing::trace!(?verdict, direction = ?frame.direction, opcode = p.opcode().name(), psn = p.bth.psn, "packet");
-        match verdict {
-            Verdict::Request { .. } => {
-                last_request = Some(Instant::now());
-                if let (Some(w), Some(path)) = (save.as_deref_mut(), save_path) {
-                    w.write_packet(Timestamp::now(), frame.frame, frame.orig_len)
-                        .map_err(|source| RunError::File {
-                            what: "writing",
-                            path: path.to_owned(),
-                            source,
-                        })?;
-                    seen.saved += 1;
-                }
-            }
-            Verdict::Unfollowed => tracing::warn!(
-                opcode = p.opcode().name(),
-                "a request that reserves an unknown number of PSNs: the learned PSN may be behind"
-            ),
-            Verdict::BadIcrc => tracing::debug!("a packet with a bad ICRC, ignored"),
-            Verdict::Response | Verdict::Other => {}
+        *roce += 1;
+        if let Verdict::Request { .. } = observe(learner, &p, &frame)? {
+            last_request = Some(Instant::now());
         }
     }
 }
@@ -452,15 +492,7 @@ fn replay<W: Write>(
 ) -> Result<(), RunError> {
     let start = Instant::now();
     let (iface, sender, mut obs) = sockets(iface)?;
-    let bytes = std::fs::read(file).map_err(|source| RunError::File {
-        what: "reading",
-        path: file.to_owned(),
-        source,
-    })?;
-    let requests = requests_from_pcap(&bytes).map_err(|source| RunError::Replay {
-        path: file.to_owned(),
-        source,
-    })?;
+    let requests = read_requests(file)?;
     let mut injected = 0;
     let flow = match live {
         None => {
@@ -527,8 +559,22 @@ fn as_captured(r: &crate::replay::CapturedRequest, file: &Path) -> Result<Forged
     })
 }
 
-/// Unreachable in practice: every kept request decoded when the file was read.
-fn replay_decode(path: &Path, e: roce::DecodeError) -> RunError {
+/// The request packets of the capture `file`.
+pub(crate) fn read_requests(file: &Path) -> Result<Vec<CapturedRequest>, RunError> {
+    let bytes = std::fs::read(file).map_err(|source| RunError::File {
+        what: "reading",
+        path: file.to_owned(),
+        source,
+    })?;
+    requests_from_pcap(&bytes).map_err(|source| RunError::Replay {
+        path: file.to_owned(),
+        source,
+    })
+}
+
+/// A packet of the capture `path` (or one rebuilt from it) that does not decode. Unreachable in
+/// practice: every kept request decoded when the file was read.
+pub(crate) fn replay_decode(path: &Path, e: roce::DecodeError) -> RunError {
     RunError::File {
         what: "decoding a request of",
         path: path.to_owned(),
@@ -579,16 +625,8 @@ mod tests {
 
     #[test]
     fn too_few_requests_and_no_quiet_are_told_apart() {
-        let send = roce::PacketBuilder::new(roce::Opcode::RC_SEND_ONLY)
-            .ipv4([10, 77, 0, 2].into(), [10, 77, 0, 1].into())
-            .dest_qp(17)
-            .psn(0x41)
-            .payload(*b"x")
-            .frame()
-            .unwrap();
-        let mut learner = FlowLearner::new(None);
-        learner.observe(&roce::decode_ethernet(&send).unwrap());
-        let flow = learner.flow();
+        let learned = crate::learn::flow_of_one_send();
+        let flow = Some(&learned);
         let e = not_learned(flow, &learn_options(), &seen());
         let RunError::NothingLearned(n) = &e else {
             panic!("{e:?}")

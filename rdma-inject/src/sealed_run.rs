@@ -9,12 +9,13 @@ use std::time::Instant;
 use roce::PacketBuilder;
 
 use crate::forge::{forge, renumber, ForgeError, Forged, Injection};
-use crate::learn::Verdict;
 use crate::net::Observer;
 use crate::plan::LearnOptions;
-use crate::replay::requests_from_pcap;
 use crate::report::{flow_text, Reporter, SealedSummary, Summary};
-use crate::run::{elapsed_ms, out, sockets, NotLearned, RunError, Shortfall};
+use crate::run::{
+    elapsed_ms, out, read_requests, replay_decode, sockets, watch_until_quiet, NotLearned,
+    RunError, Shortfall,
+};
 use crate::sealed::{
     forgery, renumbered, sealed_in, SealedAttack, SealedHeader, SealedLearner, SealedReport,
     OP_SEND, OP_WRITE, OVERHEAD, TAG_LEN, WIRE_VERSION,
@@ -174,25 +175,13 @@ fn target_seq(l: &SealedLearner, seq: Option<u64>) -> Option<u64> {
 }
 
 fn decode<'a>(frame: &'a [u8], file: &Path) -> Result<roce::Packet<'a>, RunError> {
-    roce::decode_ethernet(frame).map_err(|e| RunError::File {
-        what: "decoding a request of",
-        path: file.to_owned(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-    })
+    roce::decode_ethernet(frame).map_err(|e| replay_decode(file, e))
 }
 
 /// The first request of a capture that carries a whole sealed message (SEND Only or WRITE
 /// Only with Immediate), and its header.
 fn first_sealed(file: &Path) -> Result<(Vec<u8>, SealedHeader), RunError> {
-    let bytes = std::fs::read(file).map_err(|source| RunError::File {
-        what: "reading",
-        path: file.to_owned(),
-        source,
-    })?;
-    let requests = requests_from_pcap(&bytes).map_err(|source| RunError::Replay {
-        path: file.to_owned(),
-        source,
-    })?;
+    let requests = read_requests(file)?;
     for r in &requests {
         let Ok(p) = r.packet() else { continue };
         // Only a message in one packet: a multi-packet one would need every packet renumbered.
@@ -253,9 +242,7 @@ fn learn(
     seq: Option<u64>,
     counts: &mut Counts,
 ) -> Result<SealedLearner, RunError> {
-    let deadline = Instant::now() + opts.timeout;
     let mut learner = SealedLearner::new(opts.dst);
-    let mut last_request: Option<Instant> = None;
     tracing::info!(
         iface = opts.iface,
         dst = ?opts.dst,
@@ -264,47 +251,34 @@ fn learn(
         opts.iface,
         opts.dst.map(|d| format!(" to {d}")).unwrap_or_default()
     );
-    loop {
-        let now = Instant::now();
-        let ready = learner
-            .flow()
-            .filter(|f| f.requests >= opts.min_packets && !f.message_open)
-            .is_some()
-            && has_what_it_needs(&learner, attack, seq);
-        if let (true, Some(at)) = (ready, last_request) {
-            if now.duration_since(at) >= opts.quiet {
-                if let Some(f) = learner.flow() {
-                    tracing::info!(
-                        next_seq = target_seq(&learner, seq),
-                        "learned {}",
-                        flow_text(f)
-                    );
-                }
-                return Ok(learner);
-            }
+    let learned = watch_until_quiet(
+        obs,
+        opts,
+        &mut learner,
+        &mut counts.frames,
+        &mut counts.roce,
+        |l| {
+            l.flow()
+                .is_some_and(|f| f.requests >= opts.min_packets && !f.message_open)
+                && has_what_it_needs(l, attack, seq)
+        },
+        |l, p, frame| {
+            let verdict = l.observe_frame(p, frame.frame);
+            tracing::trace!(?verdict, opcode = p.opcode().name(), psn = p.bth.psn, sealed = ?sealed_in(p), "packet");
+            Ok(verdict)
+        },
+    )?;
+    match (learned, learner.flow()) {
+        (true, Some(f)) => {
+            tracing::info!(
+                next_seq = target_seq(&learner, seq),
+                "learned {}",
+                flow_text(f)
+            );
+            Ok(learner)
         }
-        if now >= deadline {
-            return Err(RunError::NothingLearned(Box::new(not_learned(
-                &learner, opts, attack, seq, counts,
-            ))));
-        }
-        let wait = match (ready, last_request) {
-            (true, Some(at)) => (at + opts.quiet).saturating_duration_since(now),
-            _ => deadline - now,
-        }
-        .min(deadline - now);
-        let Some(frame) = obs.next(wait)? else {
-            continue;
-        };
-        counts.frames += 1;
-        let Ok(p) = roce::decode_ethernet(frame.frame) else {
-            continue;
-        };
-        counts.roce += 1;
-        let verdict = learner.observe_frame(&p, frame.frame);
-        tracing::trace!(?verdict, opcode = p.opcode().name(), psn = p.bth.psn, sealed = ?sealed_in(&p), "packet");
-        if let Verdict::Request { .. } = verdict {
-            last_request = Some(Instant::now());
-        }
+        _ => Err(RunError::NothingLearned(Box::new(not_learned(
+            &learner, opts, attack, seq, counts,
+        )))),
     }
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -32,9 +33,14 @@ fn peer_pid(stream: &UnixStream) -> i32 {
     cred.pid
 }
 
-/// A collector stand-in that DENYs everything and reports each request
-/// line, and for each connection "connect <pid>" first.
-fn denying_collector(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<String>) {
+/// A collector stand-in on a socket in `dir` that answers each request line with
+/// `reply(line)` and reports the line; with `connects`, each connection first reports
+/// "connect <pid>".
+fn fake_collector(
+    dir: &Path,
+    connects: bool,
+    reply: impl Fn(&str) -> String + Clone + Send + 'static,
+) -> (std::path::PathBuf, mpsc::Receiver<String>) {
     let path = dir.join("collector.sock");
     let listener = UnixListener::bind(&path).expect("bind");
     let (tx, rx) = mpsc::channel();
@@ -42,15 +48,17 @@ fn denying_collector(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<String>)
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             let tx = tx.clone();
-            let _ = tx.send(format!("connect {}", peer_pid(&stream)));
+            if connects {
+                let _ = tx.send(format!("connect {}", peer_pid(&stream)));
+            }
+            let reply = reply.clone();
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().expect("clone"));
                 let mut writer = stream;
                 let mut line = String::new();
                 while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
                     let _ = tx.send(line.trim_end().to_owned());
-                    let reply = format!("DENY test limit for {}\n", line.trim_end());
-                    if writer.write_all(reply.as_bytes()).is_err() {
+                    if writer.write_all(reply(line.trim_end()).as_bytes()).is_err() {
                         break;
                     }
                     line.clear();
@@ -61,17 +69,29 @@ fn denying_collector(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<String>)
     (path, rx)
 }
 
-fn libibverbs_installed() -> bool {
-    // SAFETY: loading a system library by soname, to probe for it.
-    let handle = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_LAZY) };
-    !handle.is_null()
+/// A collector stand-in that DENYs everything and reports each request
+/// line, and for each connection "connect <pid>" first.
+fn denying_collector(dir: &Path) -> (std::path::PathBuf, mpsc::Receiver<String>) {
+    fake_collector(dir, true, |line| format!("DENY test limit for {line}\n"))
 }
 
-fn probe(call: &str, env: &[(&str, &Path)]) -> Output {
+/// True (and says so) when this host has no libibverbs.so.1: the probe cannot start.
+fn skipped_without_libibverbs() -> bool {
+    // SAFETY: loading a system library by soname, to probe for it.
+    let handle = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_LAZY) };
+    if handle.is_null() {
+        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+    }
+    handle.is_null()
+}
+
+fn probe(call: &str, env: &[(&str, &dyn AsRef<OsStr>)]) -> Output {
     probe_args(&[call], env)
 }
 
-fn probe_args(args: &[&str], env: &[(&str, &Path)]) -> Output {
+/// The probe example under the interceptor with `args`, and `env` on top of the default
+/// (fail closed) settings.
+fn probe_args(args: &[&str], env: &[(&str, &dyn AsRef<OsStr>)]) -> Output {
     let mut cmd = Command::new(common::example("preload-probe"));
     cmd.args(args)
         .env("LD_PRELOAD", common::cdylib())
@@ -82,14 +102,20 @@ fn probe_args(args: &[&str], env: &[(&str, &Path)]) -> Output {
     cmd.output().expect("running preload-probe")
 }
 
+/// The probe's `elapsed_ms=N` line's N; `stdout`, all of it, for the failure message.
+fn elapsed_ms(line: Option<&&str>, stdout: &str) -> u64 {
+    line.and_then(|l| l.strip_prefix("elapsed_ms="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed_ms in {stdout}"))
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]
 fn refused_creations_return_null_with_edquot_and_say_why() {
-    if !libibverbs_installed() {
-        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+    if skipped_without_libibverbs() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -125,8 +151,7 @@ fn refused_creations_return_null_with_edquot_and_say_why() {
 
 #[test]
 fn without_a_collector_creations_fail_closed() {
-    if !libibverbs_installed() {
-        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+    if skipped_without_libibverbs() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -146,8 +171,7 @@ fn without_a_collector_creations_fail_closed() {
 
 #[test]
 fn a_forked_child_asks_on_its_own_connection() {
-    if !libibverbs_installed() {
-        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+    if skipped_without_libibverbs() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -193,38 +217,17 @@ fn rate_limited_collector(
     dir: &Path,
     retry_ms: u64,
 ) -> (std::path::PathBuf, mpsc::Receiver<String>) {
-    let path = dir.join("collector.sock");
-    let listener = UnixListener::bind(&path).expect("bind");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                let mut writer = stream;
-                let mut line = String::new();
-                while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-                    let _ = tx.send(line.trim_end().to_owned());
-                    let reply = format!(
-                        "DENY CQ_CREATE limit 1/s exceeded globally (1 calls in the last \
-                         second); retry_after_ms={retry_ms}\n"
-                    );
-                    if writer.write_all(reply.as_bytes()).is_err() {
-                        break;
-                    }
-                    line.clear();
-                }
-            });
-        }
-    });
-    (path, rx)
+    fake_collector(dir, false, move |_| {
+        format!(
+            "DENY CQ_CREATE limit 1/s exceeded globally (1 calls in the last \
+             second); retry_after_ms={retry_ms}\n"
+        )
+    })
 }
 
 #[test]
 fn repeated_refusals_are_answered_without_asking_until_the_retry_time() {
-    if !libibverbs_installed() {
-        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+    if skipped_without_libibverbs() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -238,11 +241,7 @@ fn repeated_refusals_are_answered_without_asking_until_the_retry_time() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
-    let elapsed_ms: u64 = lines
-        .last()
-        .and_then(|l| l.strip_prefix("elapsed_ms="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no elapsed_ms in {stdout}"));
+    let elapsed_ms = elapsed_ms(lines.last(), &stdout);
     assert!(
         elapsed_ms < 1000,
         "500 calls took {elapsed_ms} ms: the test needs them within the retry time"
@@ -272,33 +271,26 @@ fn repeated_refusals_are_answered_without_asking_until_the_retry_time() {
 
 #[test]
 fn wait_mode_sleeps_to_each_retry_time_and_gives_up_at_the_maximum_wait() {
-    if !libibverbs_installed() {
-        eprintln!("skipped: libibverbs.so.1 is not installed on this host");
+    if skipped_without_libibverbs() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
     // Every answer says "in 100 ms"; the call may wait 350 ms in all. (The
     // probe's objects are null, so this collector never admits.)
     let (socket, seen) = rate_limited_collector(dir.path(), 100);
-    let mut cmd = Command::new(common::example("preload-probe"));
-    let out = cmd
-        .args(["create_cq", "--repeat", "1"])
-        .env("LD_PRELOAD", common::cdylib())
-        .env("RDMA_COLLECTOR", &socket)
-        .env("RDMA_INTERCEPT_ON_LIMIT", "wait")
-        .env("RDMA_INTERCEPT_MAX_WAIT_MS", "350")
-        .env_remove("RDMA_INTERCEPT_FAIL")
-        .output()
-        .expect("running preload-probe");
+    let out = probe_args(
+        &["create_cq", "--repeat", "1"],
+        &[
+            ("RDMA_COLLECTOR", &socket),
+            ("RDMA_INTERCEPT_ON_LIMIT", &"wait"),
+            ("RDMA_INTERCEPT_MAX_WAIT_MS", &"350"),
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.first(), Some(&"null errno=122"), "{stdout}");
-    let elapsed_ms: u64 = lines
-        .get(1)
-        .and_then(|l| l.strip_prefix("elapsed_ms="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no elapsed_ms in {stdout}"));
+    let elapsed_ms = elapsed_ms(lines.get(1), &stdout);
     // It slept to each retry time and asked again: at t = 0, 100, 200 and
     // 300 ms at the earliest (later on a slow host); it gave up when the
     // next time (400 ms) passed the 350 ms bound, not before.

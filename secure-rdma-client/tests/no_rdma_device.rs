@@ -6,19 +6,18 @@ use std::process::Command;
 use std::time::Duration;
 
 use secure_rdma::server::{Server, ServerConfig};
-use secure_rdma::verbs::Device;
+use secure_rdma_tests::no_rdma::NoRdma;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_without_rdma_refuses_with_the_fix_and_exit_code_3() {
-    let availability = Device::availability();
-    if availability.is_available() {
-        eprintln!("skipped: this host has RDMA ({availability})");
+    let Some(NoRdma {
+        availability,
+        certs,
+        dir: _dir,
+    }) = NoRdma::setup()
+    else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let certs = dir.path().join("certs");
-    secure_rdma::certs::init(&certs, &["localhost".into(), "127.0.0.1".into()]).expect("certs");
-    secure_rdma::certs::issue_client(&certs, "alice").expect("client cert");
+    };
     // secure-server's defaults, but two clients, no CRL and a short idle timeout.
     let server = Server::bind(
         ServerConfig::new("127.0.0.1:0".parse().expect("address"), &certs)

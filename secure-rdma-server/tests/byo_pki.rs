@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use secure_rdma::client::{Client, ClientConfig, ClientError};
 use secure_rdma::handshake::RejectReason;
+use secure_rdma_tests::readme;
 
 mod common;
 
@@ -21,68 +22,15 @@ const ALICE: &str = "spiffe://example.org/ns/prod/sa/alice";
 /// The same path as alice's under another trust domain: another tenant.
 const OTHER_ALICE: &str = "spiffe://other.example/ns/prod/sa/alice";
 
-/// The README's openssl block (between `<!-- byo-pki -->` and `<!-- /byo-pki -->`).
-fn readme_block() -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root");
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let start = readme
-        .find("<!-- byo-pki -->")
-        .expect("README has a <!-- byo-pki --> block");
-    let end = start
-        + readme[start..]
-            .find("<!-- /byo-pki -->")
-            .expect("the block ends with <!-- /byo-pki -->");
-    readme[start..end]
-        .lines()
-        .skip(1)
-        .filter(|l| !l.starts_with("```"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn sh(dir: &Path, script: &str) {
-    let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", script])
-        .current_dir(dir)
-        .output()
-        .expect("bash runs (and openssl must be installed for this test)");
-    assert!(
-        out.status.success(),
-        "{script}\nfailed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Another client certificate from the README's CA, with `san` as its subjectAltName.
+/// Another client certificate from the README's CA, its subject CN `name`, with `san` as its
+/// subjectAltName.
 fn openssl_client(dir: &Path, name: &str, san: &str) {
-    sh(
-        dir,
-        &format!(
-            "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-               -keyout {name}.key -out {name}.csr -subj /CN={name}
-             printf '%s\\n' basicConstraints=critical,CA:FALSE keyUsage=critical,digitalSignature \
-               extendedKeyUsage=clientAuth 'subjectAltName={san}' > {name}.ext
-             openssl x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
-               -extfile {name}.ext -out {name}.pem"
-        ),
-    );
+    readme::openssl_client(dir, name, name, san);
 }
 
 /// The README's PKI in a fresh directory, plus the test's other clients.
 fn openssl_pki() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    sh(dir.path(), &readme_block());
-    for f in [
-        "ca.pem",
-        "server.pem",
-        "server.key",
-        "alice.pem",
-        "alice.key",
-    ] {
-        assert!(dir.path().join(f).exists(), "the README block made no {f}");
-    }
+    let dir = readme::byo_pki();
     openssl_client(dir.path(), "other", &format!("URI:{OTHER_ALICE}"));
     openssl_client(
         dir.path(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use secure_rdma::client::{Client, ClientConfig, ClientError};
 use secure_rdma::handshake::RejectReason;
-use secure_rdma::verbs::Device;
+use secure_rdma_tests::no_rdma::NoRdma;
 
 mod common;
 
@@ -24,15 +24,14 @@ impl Drop for Killed {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_rdma_the_server_starts_names_the_fix_and_clients_hear_it() {
-    let availability = Device::availability();
-    if availability.is_available() {
-        eprintln!("skipped: this host has RDMA ({availability})");
+    let Some(NoRdma {
+        availability,
+        certs,
+        dir: _dir,
+    }) = NoRdma::setup()
+    else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let certs = dir.path().join("certs");
-    secure_rdma::certs::init(&certs, &["localhost".into(), "127.0.0.1".into()]).expect("certs");
-    secure_rdma::certs::issue_client(&certs, "alice").expect("client cert");
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_secure-server"))
         .args(["--listen", "127.0.0.1:0", "--log-format", "json", "--certs"])
         .arg(&certs)
@@ -97,14 +96,14 @@ async fn without_rdma_the_server_starts_names_the_fix_and_clients_hear_it() {
 
 #[test]
 fn without_rdma_a_named_device_is_an_error_with_the_same_fix() {
-    let availability = Device::availability();
-    if availability.is_available() {
-        eprintln!("skipped: this host has RDMA ({availability})");
+    let Some(NoRdma {
+        availability,
+        certs,
+        dir: _dir,
+    }) = NoRdma::setup()
+    else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let certs = dir.path().join("certs");
-    secure_rdma::certs::init(&certs, &["localhost".into()]).expect("certs");
+    };
     let out = Command::new(env!("CARGO_BIN_EXE_secure-server"))
         .args(["--listen", "127.0.0.1:0", "--device", "rxe0", "--certs"])
         .arg(&certs)

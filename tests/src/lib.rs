@@ -6,10 +6,15 @@
 //! script runs them in the VM with `--include-ignored`. Inside, a missing lab
 //! is a test failure, never a skip.
 
+pub mod collector;
+pub mod dlverbs;
 pub mod example;
 pub mod faults;
 pub mod inject;
+pub mod injector;
+pub mod no_rdma;
 pub mod piped;
+pub mod readme;
 pub mod secure;
 pub mod stream;
 pub mod tcp;

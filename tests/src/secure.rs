@@ -146,6 +146,21 @@ pub fn bin(name: &str) -> PathBuf {
     bin_dir().join(name)
 }
 
+/// `secure-server --listen 10.77.0.1:PORT --log-format json` with `RUST_LOG` set to `filter`:
+/// the caller adds its certificates and other arguments and starts it with
+/// [`ServerProc::spawn`].
+pub fn server_command(port: u16, filter: &str) -> Command {
+    let mut cmd = Command::new(bin("secure-server"));
+    cmd.args([
+        "--listen",
+        &format!("{ADDR_A}:{port}"),
+        "--log-format",
+        "json",
+    ])
+    .env("RUST_LOG", filter);
+    cmd
+}
+
 impl ServerProc {
     /// Starts `secure-server` on 10.77.0.1:`port` and waits until it is ready.
     pub fn start(pki: &Pki, port: u16, extra: &[&str]) -> ServerProc {
@@ -154,17 +169,15 @@ impl ServerProc {
 
     /// [`ServerProc::start`] with `RUST_LOG` set to `filter`.
     pub fn start_with_log(pki: &Pki, port: u16, extra: &[&str], filter: &str) -> ServerProc {
-        let mut child = Command::new(bin("secure-server"))
-            .args([
-                "--listen",
-                &format!("{ADDR_A}:{port}"),
-                "--log-format",
-                "json",
-                "--certs",
-            ])
-            .arg(pki.dir())
-            .args(extra)
-            .env("RUST_LOG", filter)
+        let mut cmd = server_command(port, filter);
+        cmd.arg("--certs").arg(pki.dir()).args(extra);
+        ServerProc::spawn(cmd, port)
+    }
+
+    /// Starts `cmd` (a [`server_command`] for `port` with its certificate and other arguments
+    /// added) and waits until it is ready.
+    pub fn spawn(mut cmd: Command, port: u16) -> ServerProc {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -221,6 +234,20 @@ impl ServerProc {
                     e["seq"].as_u64().unwrap_or(0),
                     unquote(&e["content"]),
                 )
+            })
+            .collect()
+    }
+
+    /// Its "failed authentication" warnings (a message refused by the AEAD checks), in log
+    /// order.
+    pub fn auth_failures(&self) -> Vec<Value> {
+        self.log
+            .events()
+            .into_iter()
+            .filter(|e| {
+                e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("failed authentication"))
             })
             .collect()
     }

@@ -11,11 +11,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use secure_rdma_tests::injector::{Injector, Report as InjectReport};
 use secure_rdma_tests::piped::Piped as Victim;
-use secure_rdma_tests::secure::{bin, unquote, Lines, Pki, ServerProc};
+use secure_rdma_tests::secure::{unquote, Pki, ServerProc};
 use secure_rdma_tests::{require_lab, wait_until, ADDR_A, ADDR_B};
 use serde_json::Value;
 
@@ -189,116 +189,9 @@ fn hex(v: &Value) -> u64 {
 
 // ------------------------------------------------------------------ the attacker
 
-/// A running rdma-inject.
-struct Injector {
-    child: Child,
-    out: Lines,
-    err: Lines,
-}
-
-/// What rdma-inject reported.
-#[derive(Debug)]
-struct InjectReport {
-    injected: Vec<Value>,
-    summary: Value,
-}
-
-impl Injector {
-    /// Starts rdma-inject; with `--observe`, waits until it is observing.
-    fn start(args: &[&str]) -> Injector {
-        let mut child = Command::new(bin("rdma-inject"))
-            .args(args)
-            .arg("--json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn rdma-inject (built by cargo build --workspace --bins)");
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        let err = Lines::collect(child.stderr.take().expect("stderr"));
-        let mut inj = Injector { child, out, err };
-        if args.contains(&"--observe") {
-            let start = Instant::now();
-            while !inj.err.snapshot().iter().any(|l| l.contains("observing")) {
-                if let Some(status) = inj.child.try_wait().expect("try_wait") {
-                    panic!("rdma-inject exited early: {status}\n{}", inj.context());
-                }
-                assert!(
-                    start.elapsed() < STEP,
-                    "rdma-inject not observing\n{}",
-                    inj.context()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        inj
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "rdma-inject stdout:\n{}\nrdma-inject stderr:\n{}",
-            self.out.snapshot().join("\n"),
-            self.err.snapshot().join("\n")
-        )
-    }
-
-    /// Waits for the exit (status 0 required) and the summary.
-    fn finish(mut self) -> InjectReport {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(180) {
-                let _ = self.child.kill();
-                panic!("rdma-inject still running after 180 s\n{}", self.context());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(
-            status.success(),
-            "rdma-inject failed: {status}\n{}",
-            self.context()
-        );
-        // The reader thread may still hold the last line for a moment after the exit.
-        self.out
-            .wait_for("summary", 1, Duration::from_secs(10), |l| {
-                l.starts_with("{\"summary\"")
-            });
-        let mut injected = Vec::new();
-        let mut summary = Value::Null;
-        for l in self.out.snapshot() {
-            let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
-            if !v["injected"].is_null() {
-                injected.push(v["injected"].clone());
-            } else {
-                summary = v["summary"].clone();
-            }
-        }
-        assert!(summary.is_object(), "no summary\n{}", self.context());
-        InjectReport { injected, summary }
-    }
-}
-
-impl Drop for Injector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn observe_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    let mut a = vec![
-        "--observe",
-        ATTACKER_IFACE,
-        "--dst",
-        ADDR_A,
-        "--timeout",
-        "150",
-    ];
-    a.extend_from_slice(extra);
-    a
+/// rdma-inject observing the client's link for the flow to the server, with `extra` flags.
+fn observe(extra: &[&str]) -> Injector {
+    Injector::observe(ATTACKER_IFACE, ADDR_A, extra)
 }
 
 // ------------------------------------------------------------------ the attacks
@@ -320,7 +213,7 @@ struct OnPath {
 fn on_path(port: u16, flags: Flags<'_>, genuine: &str, inject: [&str; 2]) -> OnPath {
     let mut session = Session::start(port, flags);
     let counters = Counters::read();
-    let injector = Injector::start(&observe_args(&inject));
+    let injector = observe(&inject);
     let first_ack = session.victim.op(genuine);
     let report = injector.finish();
     let (kind, content) = match inject[0] {
@@ -529,7 +422,7 @@ fn replay_attack(port: u16, flags: Flags<'_>, dir: &Path) -> Replayed {
     let captured = "LEGIT-TRANSFER: pay 100 to bob".to_owned();
 
     // Capture: learn only, saving the flow's requests.
-    let learner = Injector::start(&observe_args(&["--save", pcap_s]));
+    let learner = observe(&["--save", pcap_s]);
     session.victim.op(&format!("send {captured}"));
     let learned = learner.finish();
     assert_eq!(learned.injected.len(), 0);
@@ -555,7 +448,7 @@ fn replay_attack(port: u16, flags: Flags<'_>, dir: &Path) -> Replayed {
 
     // Renumbered: observe the live flow, wait for the client's next message, then replay the
     // captured SEND at the next PSN.
-    let renumber = Injector::start(&observe_args(&["--replay", pcap_s]));
+    let renumber = observe(&["--replay", pcap_s]);
     session.victim.op("send second genuine send");
     let report = renumber.finish();
     // RC delivers in order: had the verbatim replay been delivered, the captured message
@@ -778,16 +671,7 @@ fn baseline_blind_ten_thousand_psn_guesses_deliver_nothing_and_show_in_rxe_count
 impl Session {
     /// The server's "failed authentication" warnings.
     fn auth_failures(&self) -> Vec<Value> {
-        self.server
-            .log
-            .events()
-            .into_iter()
-            .filter(|e| {
-                e["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("failed authentication"))
-            })
-            .collect()
+        self.server.auth_failures()
     }
 
     /// Checks the server's whole reaction to one forged or replayed message: the warning naming
@@ -973,16 +857,7 @@ fn forged_ack_hex() -> String {
 fn forged_ack_attack(port: u16, flags: Flags<'_>) -> (Session, InjectReport, String) {
     let mut session = Session::start(port, flags);
     let record = forged_ack_hex();
-    let injector = Injector::start(&[
-        "--observe",
-        SERVER_LINK,
-        "--dst",
-        ADDR_B,
-        "--timeout",
-        "150",
-        "--send-hex",
-        &record,
-    ]);
+    let injector = Injector::observe(SERVER_LINK, ADDR_B, &["--send-hex", &record]);
     let first = session.victim.op("send first genuine send");
     let report = injector.finish();
     // rdma-inject aimed at the client's QP, in the server → client direction.

@@ -12,14 +12,12 @@
 //! cargo test -p secure-rdma-tests --no-run
 //! ```
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{bin, count_kind, Lines};
+use secure_rdma_tests::collector::{preload, Collector};
+use secure_rdma_tests::secure::{count_kind, Lines};
 use secure_rdma_tests::{
     rdma_resources_of, require_lab, text, wait_listening, wait_with_deadline, ADDR_A,
 };
@@ -32,140 +30,10 @@ const EACCES: i64 = libc::EACCES as i64;
 /// What verbs-flood writes to stderr just before each report line.
 const REPORT_MARKER: &str = "verbs-flood: report";
 
-/// The interceptor, built next to this test's binaries: `cargo build`
-/// puts it in the target directory, `cargo test` only in its `deps/`
-/// (scripts/test.sh does the latter). The newer one wins.
-fn preload() -> PathBuf {
-    let built = bin("librdma_intercept.so");
-    let tested = built
-        .parent()
-        .expect("target dir")
-        .join("deps/librdma_intercept.so");
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (modified(&built), modified(&tested)) {
-        (Some(b), Some(t)) if t > b => tested,
-        (Some(_), _) => built,
-        (None, Some(_)) => tested,
-        (None, None) => panic!(
-            "{} missing: build it first with `cargo build -p rdma-intercept` (same target dir)",
-            built.display()
-        ),
-    }
-}
-
-/// A running `rdma-collector` on a socket in its own temp dir.
-struct CollectorProc {
-    child: Option<Child>,
-    log: Lines,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl CollectorProc {
-    fn start(limits: &[&str]) -> CollectorProc {
-        let exe = bin("rdma-collector");
-        assert!(
-            exe.exists(),
-            "{} missing: build it first with `cargo build -p rdma-collector --bin rdma-collector`",
-            exe.display()
-        );
-        let dir = tempfile::tempdir().expect("temp dir");
-        let socket = dir.path().join("collector.sock");
-        let mut cmd = Command::new(exe);
-        cmd.arg("--socket").arg(&socket);
-        for limit in limits {
-            cmd.args(["--limit", limit]);
-        }
-        let mut child = cmd
-            // Admission decisions are logged one a line at debug only (info
-            // has a periodic summary); these tests count them.
-            .env("RUST_LOG", "info,rdma_collector=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn rdma-collector");
-        let log = Lines::collect(child.stderr.take().expect("stderr"));
-        let started = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "rdma-collector exited ({status}):\n{}",
-                    log.snapshot().join("\n")
-                );
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "rdma-collector never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        CollectorProc {
-            child: Some(child),
-            log,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    /// The collector's global live counts (`STATS`).
-    fn live(&self) -> BTreeMap<String, u64> {
-        let mut stream = UnixStream::connect(&self.socket).expect("connect for STATS");
-        stream.write_all(b"STATS\n").expect("send STATS");
-        let mut line = String::new();
-        BufReader::new(stream)
-            .read_line(&mut line)
-            .expect("read STATS");
-        let body = line
-            .trim_end()
-            .strip_prefix("OK global ")
-            .unwrap_or_else(|| panic!("bad STATS reply {line:?}"));
-        body.split(' ')
-            .take_while(|w| *w != "tenant")
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.parse().expect("count")))
-            .collect()
-    }
-
-    /// Waits until the live counts are all zero.
-    fn wait_all_released(&self) {
-        let started = Instant::now();
-        loop {
-            let live = self.live();
-            if live.values().all(|&n| n == 0) {
-                return;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "the collector still counts {live:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Stops it (SIGTERM) and returns its log.
-    fn stop(mut self) -> String {
-        let child = self.child.take().expect("running");
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let out = wait_with_deadline(child, DEADLINE, "rdma-collector");
-        assert!(out.status.success(), "rdma-collector: {}", out.status);
-        // The reader thread may still hold the last lines for a moment.
-        self.log
-            .wait_for("final counts", 1, Duration::from_secs(10), |l| {
-                l.contains("final counts")
-            });
-        self.log.snapshot().join("\n")
-    }
-}
-
-impl Drop for CollectorProc {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// A collector that logs each admission decision (at debug only; info has a periodic
+/// summary): these tests count them.
+fn start_collector(limits: &[&str]) -> Collector {
+    Collector::start_with_log(limits, "info,rdma_collector=debug")
 }
 
 /// How to run a program: with or without the interceptor.
@@ -293,7 +161,7 @@ fn kernel_qps(pid: u32) -> usize {
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn qp_flood_gets_everything_without_the_preload_and_exactly_the_quota_with_it() {
-    let collector = CollectorProc::start(&["QP_COUNT=1"]);
+    let collector = start_collector(&["QP_COUNT=1"]);
     let args = ["--qps", "4", "--hold"];
 
     // The attack without the defense: a collector that nobody asks limits nothing.
@@ -354,7 +222,7 @@ fn qp_flood_gets_everything_without_the_preload_and_exactly_the_quota_with_it() 
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn memory_registrations_count_once_and_destroys_release_them() {
-    let collector = CollectorProc::start(&["MR_COUNT=2", "MR_BYTES=65536"]);
+    let collector = start_collector(&["MR_COUNT=2", "MR_BYTES=65536"]);
     // ibv_reg_mr calls ibv_reg_mr_iova2 through libibverbs' PLT, which the
     // preload also shadows: counted twice, only one of three would pass.
     for call in ["reg-mr", "reg-mr-iova2"] {
@@ -489,7 +357,7 @@ fn succeeded(out: &Output, who: &str) {
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn ibv_rc_pingpong_runs_unchanged_under_the_preload() {
     require_lab();
-    let collector = CollectorProc::start(&["QP_COUNT=8", "MR_BYTES=16777216"]);
+    let collector = start_collector(&["QP_COUNT=8", "MR_BYTES=16777216"]);
     let run = Run::Preloaded(&collector.socket);
     let port = 18661;
     let server = pingpong("rxe-a", port, None, &run);
@@ -535,7 +403,7 @@ fn ibv_rc_pingpong_runs_unchanged_under_the_preload() {
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn ibv_rc_pingpong_is_refused_by_a_quota_it_exceeds() {
     require_lab();
-    let collector = CollectorProc::start(&["MR_BYTES=1024"]);
+    let collector = start_collector(&["MR_BYTES=1024"]);
     let server = pingpong("rxe-a", 18662, None, &Run::Preloaded(&collector.socket));
     let out = wait_with_deadline(server, DEADLINE, "ibv_rc_pingpong server");
     assert!(!out.status.success(), "pingpong ran despite MR_BYTES 1024");
@@ -559,7 +427,7 @@ fn a_private_dlopen_bypasses_the_preload_for_what_it_calls_directly() {
     // preloaded ibv_create_qp. Only calls libibverbs makes through its own
     // PLT (ibv_reg_mr -> ibv_reg_mr_iova2 in rdma-core 44) still reach the
     // interceptor, which must then find the real function without RTLD_NEXT.
-    let collector = CollectorProc::start(&["QP_COUNT=1", "MR_COUNT=1"]);
+    let collector = start_collector(&["QP_COUNT=1", "MR_COUNT=1"]);
     let flood = Flood::start(
         &["--resolve", "private", "--qps", "3", "--mrs", "2", "--hold"],
         &Run::Preloaded(&collector.socket),

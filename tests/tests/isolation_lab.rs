@@ -23,12 +23,11 @@
 //! cargo test -p secure-rdma-tests --no-run --test isolation_lab
 //! ```
 
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
+use secure_rdma_tests::collector::{preload, Collector};
+use secure_rdma_tests::secure::{client, Lines, Pki, ServerProc};
 use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline};
 use serde_json::Value;
 
@@ -36,130 +35,6 @@ const CHURN: &str = env!("CARGO_BIN_EXE_verbs-churn");
 const DEADLINE: Duration = Duration::from_secs(120);
 /// The collector's limit in these tests, in CQ creations per second.
 const LIMIT: u64 = 20;
-
-/// The interceptor, built next to this test's binaries (see intercept_lab.rs):
-/// `cargo build` puts it in the target directory, `cargo test` in `deps/`.
-fn preload() -> PathBuf {
-    let built = bin("librdma_intercept.so");
-    let tested = built
-        .parent()
-        .expect("target dir")
-        .join("deps/librdma_intercept.so");
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (modified(&built), modified(&tested)) {
-        (Some(b), Some(t)) if t > b => tested,
-        (Some(_), _) => built,
-        (None, Some(_)) => tested,
-        (None, None) => panic!(
-            "{} missing: build it first with `cargo build -p rdma-intercept` (same target dir)",
-            built.display()
-        ),
-    }
-}
-
-/// A running `rdma-collector` on a socket in its own temp dir.
-struct Collector {
-    child: Option<Child>,
-    log: Lines,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Collector {
-    fn start(limits: &[&str]) -> Collector {
-        let exe = bin("rdma-collector");
-        assert!(
-            exe.exists(),
-            "{} missing: build it first with `cargo build -p rdma-collector --bin rdma-collector`",
-            exe.display()
-        );
-        let dir = tempfile::tempdir().expect("temp dir");
-        let socket = dir.path().join("collector.sock");
-        let mut cmd = Command::new(exe);
-        cmd.arg("--socket").arg(&socket);
-        for limit in limits {
-            cmd.args(["--limit", limit]);
-        }
-        let mut child = cmd
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn rdma-collector");
-        let log = Lines::collect(child.stderr.take().expect("stderr"));
-        let started = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "rdma-collector exited ({status}):\n{}",
-                    log.snapshot().join("\n")
-                );
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "rdma-collector never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Collector {
-            child: Some(child),
-            log,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    /// The CPU time (user + system) the collector has used so far.
-    fn cpu(&self) -> Duration {
-        let pid = self.child.as_ref().expect("running").id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("collector stat");
-        // Fields after the command name, which is in parentheses: utime and
-        // stime are the 12th and 13th of them, in clock ticks.
-        let rest = stat.rsplit_once(')').expect("stat format").1;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Duration::from_millis(ticks * 1000 / hz)
-    }
-
-    /// Stops it (SIGTERM) and returns the requests it served in all: the
-    /// sum of `requests=` over its activity summaries (the last one is
-    /// logged on the way out).
-    fn stop_and_count_requests(mut self) -> (u64, String) {
-        let child = self.child.take().expect("running");
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let out = wait_with_deadline(child, DEADLINE, "rdma-collector");
-        assert!(out.status.success(), "rdma-collector: {}", out.status);
-        self.log
-            .wait_for("final counts", 1, Duration::from_secs(10), |l| {
-                l.contains("final counts")
-            });
-        let lines = self.log.snapshot();
-        let requests = lines
-            .iter()
-            .filter(|l| l.contains("activity:"))
-            .filter_map(|l| {
-                let (_, rest) = l.split_once(" requests=")?;
-                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                digits.parse::<u64>().ok()
-            })
-            .sum();
-        (requests, lines.join("\n"))
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
 
 /// Runs `verbs-churn` on rxe-a for `millis` under the interceptor with
 /// `RDMA_INTERCEPT_ON_LIMIT=on_limit`; its report and its stderr.

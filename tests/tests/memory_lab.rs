@@ -14,11 +14,12 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use secure_rdma_tests::injector::Injector;
 use secure_rdma_tests::piped::Piped as Victim;
-use secure_rdma_tests::secure::{bin, client, count_kind, Lines, Pki, ServerProc};
+use secure_rdma_tests::secure::{client, count_kind, Pki, ServerProc};
 use secure_rdma_tests::{rdma_resources_of, require_lab, wait_until, wait_with_deadline, ADDR_A};
 use serde_json::Value;
 
@@ -171,98 +172,9 @@ fn scrape(addr: &str) -> Option<String> {
 
 // ------------------------------------------------------------------ the attacker
 
-/// A running rdma-inject.
-struct Injector {
-    child: Child,
-    out: Lines,
-    err: Lines,
-}
-
-impl Injector {
-    /// Starts `rdma-inject --observe veth-b --dst 10.77.0.1 ARGS --json` and waits until it is
-    /// observing.
-    fn observe(args: &[&str]) -> Injector {
-        let mut child = Command::new(bin("rdma-inject"))
-            .args([
-                "--observe",
-                ATTACKER_IFACE,
-                "--dst",
-                ADDR_A,
-                "--timeout",
-                "150",
-            ])
-            .args(args)
-            .arg("--json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn rdma-inject (built by cargo build --workspace --bins)");
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        let err = Lines::collect(child.stderr.take().expect("stderr"));
-        let mut inj = Injector { child, out, err };
-        let start = Instant::now();
-        while !inj.err.snapshot().iter().any(|l| l.contains("observing")) {
-            if let Some(status) = inj.child.try_wait().expect("try_wait") {
-                panic!("rdma-inject exited early: {status}\n{}", inj.context());
-            }
-            assert!(
-                start.elapsed() < STEP,
-                "rdma-inject not observing\n{}",
-                inj.context()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        inj
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "rdma-inject stdout:\n{}\nrdma-inject stderr:\n{}",
-            self.out.snapshot().join("\n"),
-            self.err.snapshot().join("\n")
-        )
-    }
-
-    /// Waits for the exit (status 0 required); the summary object.
-    fn summary(mut self) -> Value {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(180) {
-                let _ = self.child.kill();
-                panic!("rdma-inject still running after 180 s\n{}", self.context());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(
-            status.success(),
-            "rdma-inject failed: {status}\n{}",
-            self.context()
-        );
-        self.out
-            .wait_for("summary", 1, Duration::from_secs(10), |l| {
-                l.starts_with("{\"summary\"")
-            });
-        let line = self
-            .out
-            .snapshot()
-            .into_iter()
-            .find(|l| l.starts_with("{\"summary\""))
-            .unwrap_or_default();
-        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        v["summary"].clone()
-    }
-}
-
-impl Drop for Injector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// rdma-inject observing the client's link for the flow to the server, with `args`.
+fn observe(args: &[&str]) -> Injector {
+    Injector::observe(ATTACKER_IFACE, ADDR_A, args)
 }
 
 fn u64_of(v: &Value) -> u64 {
@@ -294,7 +206,7 @@ fn rdma_read_at_address_zero_gets_no_response_and_ends_the_session_with_its_caus
     let mut lab = Lab::start(4590, 9590);
     // The attacker learns the flow (and the session's rkey, from the client's WRITE), then
     // sends an RDMA READ of 64 bytes at address 0 with that rkey at the next PSN.
-    let inj = Injector::observe(&["--read", "--watch-ms", "3000"]);
+    let inj = observe(&["--read", "--watch-ms", "3000"]);
     let ack = lab.victim.op("write bytes the attacker sees");
     let summary = inj.summary();
     let answers = &summary["answers"];
@@ -387,7 +299,7 @@ fn without_memory_windows_a_previous_sessions_rkey_lands_nothing_either() {
 fn a_plain_write_with_the_current_rkey_lands_silently_but_nothing_of_it_is_delivered() {
     let mut lab = Lab::start(4594, 9594);
     let forged = "PLAIN-WRITE-BY-ATTACKER";
-    let inj = Injector::observe(&["--write", forged, "--watch-ms", "3000"]);
+    let inj = observe(&["--write", forged, "--watch-ms", "3000"]);
     lab.victim.op("write before the plain write");
     let summary = inj.summary();
     eprintln!("plain WRITE with the current rkey: {}", summary["answers"]);
@@ -422,7 +334,7 @@ fn a_plain_write_with_the_current_rkey_lands_silently_but_nothing_of_it_is_deliv
 
 fn old_rkey_attack(mut lab: Lab) {
     // Session 1: the attacker only watches, and keeps the rkey and address of its WRITE.
-    let inj = Injector::observe(&[]);
+    let inj = observe(&[]);
     lab.victim.op("write first session's bytes");
     let first = inj.summary();
     let old_rkey = u64_of(&first["flow"]["write"]["rkey"]);
@@ -436,7 +348,7 @@ fn old_rkey_attack(mut lab: Lab) {
     let forged = "FORGED-WITH-AN-OLD-RKEY";
     let old_rkey_text = format!("{old_rkey:#x}");
     let old_va_text = format!("{old_va:#x}");
-    let inj = Injector::observe(&[
+    let inj = observe(&[
         "--write-imm",
         forged,
         "--rkey",
@@ -505,7 +417,7 @@ fn old_rkey_attack(mut lab: Lab) {
     // address. The responder acknowledges it (the bytes are in the server's memory), and only
     // the AEAD refuses them.
     reconnected(&lab.victim, 1);
-    let inj = Injector::observe(&[
+    let inj = observe(&[
         "--write-imm",
         forged,
         "--addr",

@@ -13,87 +13,38 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{bin, client_command, unquote, Held, Lines};
-use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, ADDR_A};
+use secure_rdma_tests::readme;
+use secure_rdma_tests::secure::{client_command, server_command, unquote, Held, ServerProc};
+use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 const ALICE: &str = "spiffe://example.org/ns/prod/sa/alice";
 const OTHER_ALICE: &str = "spiffe://other.example/ns/prod/sa/alice";
 const METRICS: &str = "127.0.0.1:19436";
 
-/// The README's openssl block (between `<!-- byo-pki -->` and `<!-- /byo-pki -->`).
-fn readme_block() -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root");
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let start = readme.find("<!-- byo-pki -->").expect("<!-- byo-pki -->");
-    let end = start
-        + readme[start..]
-            .find("<!-- /byo-pki -->")
-            .expect("<!-- /byo-pki -->");
-    readme[start..end]
-        .lines()
-        .skip(1)
-        .filter(|l| !l.starts_with("```"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn sh(dir: &Path, script: &str) {
-    let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", script])
-        .current_dir(dir)
-        .output()
-        .expect("bash");
-    assert!(
-        out.status.success(),
-        "{script}\nfailed (is openssl installed?): {}",
-        text(&out.stderr)
-    );
-}
-
 /// The README's PKI, plus `other`: alice's path under another trust domain.
 fn openssl_pki() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    sh(dir.path(), &readme_block());
-    sh(
-        dir.path(),
-        &format!(
-            "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-               -keyout other.key -out other.csr -subj /CN=alice
-             printf '%s\\n' basicConstraints=critical,CA:FALSE keyUsage=critical,digitalSignature \
-               extendedKeyUsage=clientAuth subjectAltName=URI:{OTHER_ALICE} > other.ext
-             openssl x509 -req -in other.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
-               -extfile other.ext -out other.pem"
-        ),
-    );
+    let dir = readme::byo_pki();
+    readme::openssl_client(dir.path(), "other", "alice", &format!("URI:{OTHER_ALICE}"));
     dir
 }
 
 /// A killed-at-the-end `secure-server` on the openssl files of `pki`, from an empty working
 /// directory (no `certs/` it could fall back to).
 struct Server {
-    child: std::process::Child,
-    log: Lines,
-    port: u16,
+    // Field order is drop order: the server before its working directory.
+    server: ServerProc,
     _cwd: tempfile::TempDir,
 }
 
 impl Server {
     fn start(pki: &Path, port: u16, extra: &[&str]) -> Server {
         let cwd = tempfile::tempdir().expect("tempdir");
-        let mut child = Command::new(bin("secure-server"))
-            .args([
-                "--listen",
-                &format!("{ADDR_A}:{port}"),
-                "--log-format",
-                "json",
-            ])
-            .arg("--ca")
+        let mut cmd = server_command(port, "info");
+        cmd.arg("--ca")
             .arg(pki.join("ca.pem"))
             .arg("--cert")
             .arg(pki.join("server.pem"))
@@ -102,21 +53,9 @@ impl Server {
             .arg("--quota")
             .arg(pki.join("quota.conf"))
             .args(extra)
-            .current_dir(cwd.path())
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn secure-server");
-        let log = Lines::collect(child.stderr.take().expect("stderr"));
-        log.wait_for("secure-server ready", 1, DEADLINE, |l| {
-            l.contains("secure-server ready")
-        });
+            .current_dir(cwd.path());
         Server {
-            child,
-            log,
-            port,
+            server: ServerProc::spawn(cmd, port),
             _cwd: cwd,
         }
     }
@@ -133,10 +72,11 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Server {
+    type Target = ServerProc;
+
+    fn deref(&self) -> &ServerProc {
+        &self.server
     }
 }
 

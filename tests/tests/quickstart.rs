@@ -8,24 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use secure_rdma::verbs::Device;
-use secure_rdma_tests::bin_dir;
-
-/// The README's quick-start block, fences and markers removed.
-fn quickstart_block(readme: &str) -> String {
-    let start = readme
-        .find("<!-- quickstart -->")
-        .expect("README has a <!-- quickstart --> block");
-    let end = readme[start..]
-        .find("<!-- /quickstart -->")
-        .map(|e| start + e)
-        .expect("README's quickstart block ends with <!-- /quickstart -->");
-    readme[start..end]
-        .lines()
-        .skip(1)
-        .filter(|l| !l.starts_with("```"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use secure_rdma_tests::{bin_dir, readme};
 
 #[test]
 fn the_readme_quick_start_runs_as_an_ordinary_user_without_rdma() {
@@ -39,8 +22,7 @@ fn the_readme_quick_start_runs_as_an_ordinary_user_without_rdma() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let block = quickstart_block(&readme);
+    let block = readme::block("quickstart");
     let mut lines = block.lines();
     let first = lines.next().unwrap_or_default();
     assert!(
@@ -135,6 +117,6 @@ fn is_root() -> bool {
 
 #[test]
 fn the_block_is_found_between_its_markers() {
-    let readme = "intro\n<!-- quickstart -->\n```sh\na\nb\n```\n<!-- /quickstart -->\nrest";
-    assert_eq!(quickstart_block(readme), "a\nb");
+    let text = "intro\n<!-- quickstart -->\n```sh\na\nb\n```\n<!-- /quickstart -->\nrest";
+    assert_eq!(readme::block_of(text, "quickstart"), "a\nb");
 }

@@ -10,12 +10,12 @@
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use secure_rdma::datapath::Ack;
+use secure_rdma_tests::injector::Injector;
 use secure_rdma_tests::piped::Piped;
-use secure_rdma_tests::secure::{bin, Lines, Pki};
+use secure_rdma_tests::secure::Pki;
 use secure_rdma_tests::stream::{
     assert_exactly_once_in_order, MessageServer, StreamOutcome, StreamRun, StreamSpec,
 };
@@ -205,80 +205,6 @@ fn each_threshold_rotates_the_keys_by_its_own_count() {
 
 // ------------------------------------------------------------------ the replay of an ended epoch
 
-/// `rdma-inject --json`, its stdout and stderr.
-struct Injector {
-    child: Child,
-    out: Lines,
-    err: Lines,
-}
-
-impl Injector {
-    /// Starts `rdma-inject --observe veth-b --dst 10.77.0.1 EXTRA --json` and waits until it
-    /// observes.
-    fn observe(extra: &[&str]) -> Injector {
-        let mut child = Command::new(bin("rdma-inject"))
-            .args(["--observe", "veth-b", "--dst", ADDR_A, "--timeout", "150"])
-            .args(extra)
-            .arg("--json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn rdma-inject (built by cargo build --workspace --bins)");
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        let err = Lines::collect(child.stderr.take().expect("stderr"));
-        let inj = Injector { child, out, err };
-        inj.err.wait_for("rdma-inject observing", 1, STEP, |l| {
-            l.contains("observing")
-        });
-        inj
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "rdma-inject stdout:\n{}\nrdma-inject stderr:\n{}",
-            self.out.snapshot().join("\n"),
-            self.err.snapshot().join("\n")
-        )
-    }
-
-    /// Waits for a successful exit; its summary object.
-    fn finish(mut self) -> Value {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(180),
-                "rdma-inject still running after 180 s\n{}",
-                self.context()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(
-            status.success(),
-            "rdma-inject: {status}\n{}",
-            self.context()
-        );
-        self.out.wait_closed(Duration::from_secs(10));
-        self.out
-            .snapshot()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find_map(|v| v.get("summary").cloned())
-            .unwrap_or_else(|| panic!("no summary\n{}", self.context()))
-    }
-}
-
-impl Drop for Injector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// What the replay of a captured message did to a server.
 struct Replayed {
     /// The server's stderr lines about the refusal.
@@ -303,18 +229,18 @@ fn replay_a_message_of_epoch_0(port: u16, rekey: &[&str], dir: &Path) -> Replaye
     let pcap_s = pcap.to_str().expect("utf-8 path");
 
     // The capture: the session's first message, sealed under epoch 0.
-    let learner = Injector::observe(&["--save", pcap_s]);
+    let learner = Injector::observe("veth-b", ADDR_A, &["--save", pcap_s]);
     client.send_acked("CAPTURED-IN-EPOCH-0");
-    let learned = learner.finish();
+    let learned = learner.summary();
     assert_eq!(learned["saved"].as_u64(), Some(1), "{learned}");
     // 25 more: with a rotation every 10 messages, the client's key is in epoch 2 by the 21st.
     for i in 2..=26 {
         client.send_acked(&format!("MSG-{i}"));
     }
     // The replay: learn the live flow from one more message, then inject when it is quiet.
-    let renumber = Injector::observe(&["--sealed-renumber", pcap_s]);
+    let renumber = Injector::observe("veth-b", ADDR_A, &["--sealed-renumber", pcap_s]);
     client.send_acked("LIVE-27");
-    let summary = renumber.finish();
+    let summary = renumber.summary();
     let sealed = &summary["sealed"];
     assert_eq!(summary["injected"].as_u64(), Some(1), "{summary}");
     // Renumbered to the server's next sequence, with its own (matching) length.

@@ -21,6 +21,13 @@ fn run(cmd: &mut Command, what: &str) -> Output {
     wait_with_deadline(spawn(cmd), DEADLINE, what)
 }
 
+/// secure-client's exit code 4 (TLS refused the connection) and `why` in what it said.
+fn refused_by_tls(out: &std::process::Output, why: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains(why), "{err}");
+}
+
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn thirteen_clients_ten_served_three_refused_then_a_freed_slot_is_reused() {
@@ -223,12 +230,7 @@ fn tls_refuses_bad_clients_before_any_rdma_resource_exists() {
         client(&pki, &server, None).args(["-e", "send hi"]),
         "no cert",
     );
-    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("TLS refused"),
-        "{}",
-        text(&out.stderr)
-    );
+    refused_by_tls(&out, "TLS refused");
     // 2. a certificate from another CA (it trusts our server's CA, so only
     //    the server's check can stop it)
     let out = run(
@@ -240,12 +242,7 @@ fn tls_refuses_bad_clients_before_any_rdma_resource_exists() {
             .args(["-e", "send hi"]),
         "foreign CA",
     );
-    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("TLS refused"),
-        "{}",
-        text(&out.stderr)
-    );
+    refused_by_tls(&out, "TLS refused");
     // 3. a good client that dials the wrong server name
     let out = run(
         client(&pki, &server, Some("good"))
@@ -253,12 +250,7 @@ fn tls_refuses_bad_clients_before_any_rdma_resource_exists() {
             .args(["-e", "send hi"]),
         "wrong name",
     );
-    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("certificate not valid for name"),
-        "{}",
-        text(&out.stderr)
-    );
+    refused_by_tls(&out, "certificate not valid for name");
     // None of them reached RDMA setup: the server made nothing.
     assert!(rdma_resources_of(server.pid()).is_empty());
     assert_eq!(server.events("client connected").len(), 0);

@@ -22,12 +22,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 use secure_rdma_tests::faults::NftDrop;
+use secure_rdma_tests::injector::{Injector, Report};
 use secure_rdma_tests::piped::Piped;
-use secure_rdma_tests::secure::{bin, Lines, Pki, ServerProc};
+use secure_rdma_tests::secure::{Pki, ServerProc};
 use secure_rdma_tests::{require_lab, wait_until, ADDR_A, ADDR_B};
 use serde_json::Value;
 
@@ -49,99 +50,6 @@ const CHECKS: [&str; 7] = [
 ];
 
 // ------------------------------------------------------------------ processes
-
-/// A running rdma-inject with JSON output.
-struct Injector {
-    child: Child,
-    out: Lines,
-    err: Lines,
-}
-
-/// What rdma-inject reported.
-#[derive(Debug)]
-struct Report {
-    injected: Vec<Value>,
-    summary: Value,
-}
-
-impl Injector {
-    /// Starts `rdma-inject ARGS --json` and waits until it observes.
-    fn start(args: &[&str]) -> Injector {
-        let mut child = Command::new(bin("rdma-inject"))
-            .args(args)
-            .arg("--json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn rdma-inject (built by cargo build --workspace --bins)");
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        let err = Lines::collect(child.stderr.take().expect("stderr"));
-        let mut inj = Injector { child, out, err };
-        let start = Instant::now();
-        while !inj.err.snapshot().iter().any(|l| l.contains("observing")) {
-            if let Some(status) = inj.child.try_wait().expect("try_wait") {
-                panic!("rdma-inject exited early: {status}\n{}", inj.context());
-            }
-            assert!(
-                start.elapsed() < STEP,
-                "rdma-inject not observing\n{}",
-                inj.context()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        inj
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "rdma-inject stdout:\n{}\nrdma-inject stderr:\n{}",
-            self.out.snapshot().join("\n"),
-            self.err.snapshot().join("\n")
-        )
-    }
-
-    /// Waits for its exit (0 required) and its report.
-    fn finish(mut self) -> Report {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(180) {
-                let _ = self.child.kill();
-                panic!("rdma-inject still running after 180 s\n{}", self.context());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(
-            status.success(),
-            "rdma-inject failed: {status}\n{}",
-            self.context()
-        );
-        self.out.wait_closed(Duration::from_secs(10));
-        let mut injected = Vec::new();
-        let mut summary = Value::Null;
-        for l in self.out.snapshot() {
-            let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
-            if !v["injected"].is_null() {
-                injected.push(v["injected"].clone());
-            } else {
-                summary = v["summary"].clone();
-            }
-        }
-        assert!(summary.is_object(), "no summary\n{}", self.context());
-        Report { injected, summary }
-    }
-}
-
-impl Drop for Injector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A server and its connected `secure-client`.
 struct Session {
@@ -205,16 +113,7 @@ impl Session {
 
     /// The server's "failed authentication" warnings.
     fn auth_warnings(&self) -> Vec<Value> {
-        self.server
-            .log
-            .events()
-            .into_iter()
-            .filter(|e| {
-                e["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("failed authentication"))
-            })
-            .collect()
+        self.server.auth_failures()
     }
 
     /// The server's metrics page.
@@ -333,15 +232,7 @@ fn forged_at_the_tag(port: u16, metrics_port: u16, verb: &str, opcode: &str) {
     let metrics = format!("127.0.0.1:{metrics_port}");
     let mut s = Session::start(port, &[], &["--reconnect-attempts", "20"], Some(metrics));
     let (server_qpn, _) = s.qpns();
-    let injector = Injector::start(&[
-        "--observe",
-        "veth-b",
-        "--dst",
-        ADDR_A,
-        "--timeout",
-        "150",
-        "--sealed-forge",
-    ]);
+    let injector = Injector::observe("veth-b", ADDR_A, &["--sealed-forge"]);
     let genuine = format!("genuine {verb} of the client");
     let first = s.victim.op(&format!("{verb} {genuine}"));
     assert_eq!(
@@ -425,31 +316,13 @@ fn captured_message_renumbered_to_the_next_sequence_is_refused_by_the_tag() {
     let mut s = Session::start(4584, &[], &["--reconnect-attempts", "20"], Some(metrics));
     let (server_qpn, _) = s.qpns();
     // Capture the client's first sealed SEND.
-    let learner = Injector::start(&[
-        "--observe",
-        "veth-b",
-        "--dst",
-        ADDR_A,
-        "--timeout",
-        "150",
-        "--save",
-        pcap_s,
-    ]);
+    let learner = Injector::observe("veth-b", ADDR_A, &["--save", pcap_s]);
     let captured = "LEGIT-TRANSFER: pay 100 to bob";
     s.victim.op(&format!("send {captured}"));
     let learned = learner.finish();
     assert_eq!(learned.summary["saved"].as_u64(), Some(1), "{learned:?}");
     // Replay it after the second send, renumbered to sequence 3, at the next PSN.
-    let injector = Injector::start(&[
-        "--observe",
-        "veth-b",
-        "--dst",
-        ADDR_A,
-        "--timeout",
-        "150",
-        "--sealed-renumber",
-        pcap_s,
-    ]);
+    let injector = Injector::observe("veth-b", ADDR_A, &["--sealed-renumber", pcap_s]);
     assert_eq!(
         s.victim.op("send second genuine send"),
         "server acknowledged send #2: 19 bytes"
@@ -498,19 +371,17 @@ fn baseline_sealed_forgery_is_delivered_without_payload_protection() {
         None,
     );
     let (server_qpn, _) = s.qpns();
-    let injector = Injector::start(&[
-        "--observe",
+    let injector = Injector::observe(
         "veth-b",
-        "--dst",
         ADDR_A,
-        "--timeout",
-        "150",
-        "--sealed-forge",
-        "--sealed-text",
-        FORGED_TEXT,
-        "--sealed-seq",
-        "2",
-    ]);
+        &[
+            "--sealed-forge",
+            "--sealed-text",
+            FORGED_TEXT,
+            "--sealed-seq",
+            "2",
+        ],
+    );
     s.victim.op("send genuine send of the client");
     let report = injector.finish();
     let sealed = check_forgery(&report, server_qpn, "RC SEND Only");
@@ -548,15 +419,7 @@ fn reflected_client_message_with_the_expected_sequence_is_refused_by_the_tag() {
     let mut s = Session::start(4582, &[], &["--rdma-acks", "--no-reconnect"], None);
     let (_, client_qpn) = s.qpns();
     // The attacker on the server's link: it sees both directions and its frames reach rxe-b.
-    let injector = Injector::start(&[
-        "--observe",
-        "veth-a",
-        "--dst",
-        ADDR_B,
-        "--timeout",
-        "150",
-        "--reflect",
-    ]);
+    let injector = Injector::observe("veth-a", ADDR_B, &["--reflect"]);
     let first = "first genuine send";
     assert_eq!(
         s.victim.op(&format!("send {first}")),

@@ -15,12 +15,12 @@
 //! creations, for measuring the rate over a window.
 
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Parser;
+use secure_rdma_tests::dlverbs::{Resolve, Verbs};
 use serde_json::json;
 
 /// Creates and destroys completion queues in a loop, retrying refusals.
@@ -34,23 +34,6 @@ struct Args {
     millis: u64,
 }
 
-type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
-type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
-type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
-type OpenDevice = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
-type CreateCq =
-    unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void;
-type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
-
-fn find(name: &CStr) -> Result<*mut c_void> {
-    // SAFETY: a lookup in the global scope by a NUL-terminated name.
-    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    if f.is_null() {
-        bail!("libibverbs has no {}", name.to_string_lossy());
-    }
-    Ok(f)
-}
-
 fn main() {
     let args = Args::parse();
     if let Err(e) = run(&args) {
@@ -60,53 +43,9 @@ fn main() {
 }
 
 fn run(args: &Args) -> Result<()> {
-    // SAFETY: loading a system library by soname.
-    let handle = unsafe {
-        libc::dlopen(
-            c"libibverbs.so.1".as_ptr(),
-            libc::RTLD_NOW | libc::RTLD_GLOBAL,
-        )
-    };
-    if handle.is_null() {
-        bail!("cannot load libibverbs.so.1 (is rdma-core installed?)");
-    }
-    // SAFETY: each symbol is the libibverbs function whose C prototype the
-    // target type mirrors.
-    let (get_list, free_list, get_name, open, create_cq, destroy_cq) = unsafe {
-        use std::mem::transmute as t;
-        (
-            t::<*mut c_void, GetDeviceList>(find(c"ibv_get_device_list")?),
-            t::<*mut c_void, FreeDeviceList>(find(c"ibv_free_device_list")?),
-            t::<*mut c_void, GetDeviceName>(find(c"ibv_get_device_name")?),
-            t::<*mut c_void, OpenDevice>(find(c"ibv_open_device")?),
-            t::<*mut c_void, CreateCq>(find(c"ibv_create_cq")?),
-            t::<*mut c_void, Destroy>(find(c"ibv_destroy_cq")?),
-        )
-    };
-    let mut n: c_int = 0;
-    // SAFETY: libibverbs calls with valid arguments; the list is freed below.
-    let ctx = unsafe {
-        let list = get_list(&mut n);
-        if list.is_null() {
-            bail!(
-                "ibv_get_device_list failed: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        let mut found = ptr::null_mut();
-        for i in 0..usize::try_from(n).unwrap_or(0) {
-            let dev = *list.add(i);
-            if CStr::from_ptr(get_name(dev)).to_bytes() == args.device.as_bytes() {
-                found = open(dev);
-                break;
-            }
-        }
-        free_list(list);
-        found
-    };
-    if ctx.is_null() {
-        bail!("cannot open RDMA device {}", args.device);
-    }
+    let verbs = Verbs::load(Resolve::Global)?;
+    let ctx = verbs.open(&args.device)?;
+    let (create_cq, destroy_cq) = (verbs.create_cq, verbs.destroy_cq);
     // Tells a test the flood is on (the device is open, the loop starts).
     eprintln!("verbs-churn: churning on {}", args.device);
     let window = Duration::from_millis(args.millis);

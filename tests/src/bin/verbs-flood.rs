@@ -15,21 +15,16 @@
 //! one more after `--destroy`, then exits, or with `--hold` waits to be
 //! killed while holding whatever it still has.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_uint, c_void};
 use std::io::Write;
 use std::ptr;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
+use secure_rdma_tests::dlverbs::{
+    Destroy, QpCap, QpInitAttr, Resolve, Verbs, IBV_ACCESS_LOCAL_WRITE, IBV_QPT_RC,
+};
 use serde_json::{json, Value};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Resolve {
-    /// Through the global scope, like a linked program's imports.
-    Global,
-    /// Through a private RTLD_LOCAL handle, like sideway.
-    Private,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum MrCall {
@@ -72,137 +67,6 @@ struct Args {
     /// Then wait until killed instead of exiting.
     #[arg(long)]
     hold: bool,
-}
-
-/// `struct ibv_qp_cap`.
-#[repr(C)]
-struct QpCap {
-    max_send_wr: u32,
-    max_recv_wr: u32,
-    max_send_sge: u32,
-    max_recv_sge: u32,
-    max_inline_data: u32,
-}
-
-/// `struct ibv_qp_init_attr`.
-#[repr(C)]
-struct QpInitAttr {
-    qp_context: *mut c_void,
-    send_cq: *mut c_void,
-    recv_cq: *mut c_void,
-    srq: *mut c_void,
-    cap: QpCap,
-    qp_type: c_uint,
-    sq_sig_all: c_int,
-}
-
-const IBV_QPT_RC: c_uint = 2;
-const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
-
-type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
-type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
-type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
-type OpenDevice = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
-type CloseDevice = unsafe extern "C" fn(*mut c_void) -> c_int;
-type AllocPd = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
-type CreateCq =
-    unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void;
-type CreateQp = unsafe extern "C" fn(*mut c_void, *mut QpInitAttr) -> *mut c_void;
-type RegMr = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut c_void;
-type RegMrIova2 = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, u64, c_uint) -> *mut c_void;
-type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
-
-struct Verbs {
-    get_device_list: GetDeviceList,
-    free_device_list: FreeDeviceList,
-    get_device_name: GetDeviceName,
-    open_device: OpenDevice,
-    close_device: CloseDevice,
-    alloc_pd: AllocPd,
-    dealloc_pd: Destroy,
-    create_cq: CreateCq,
-    destroy_cq: Destroy,
-    create_qp: CreateQp,
-    destroy_qp: Destroy,
-    reg_mr: RegMr,
-    reg_mr_iova2: RegMrIova2,
-    dereg_mr: Destroy,
-}
-
-impl Verbs {
-    fn load(resolve: Resolve) -> Result<Verbs> {
-        let mode = match resolve {
-            Resolve::Global => libc::RTLD_NOW | libc::RTLD_GLOBAL,
-            Resolve::Private => libc::RTLD_NOW | libc::RTLD_LOCAL,
-        };
-        // SAFETY: loading a system library by soname.
-        let handle = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), mode) };
-        if handle.is_null() {
-            bail!("cannot load libibverbs.so.1 (is rdma-core installed?)");
-        }
-        let scope = match resolve {
-            Resolve::Global => libc::RTLD_DEFAULT,
-            Resolve::Private => handle,
-        };
-        let find = |name: &str| -> Result<*mut c_void> {
-            let c = CString::new(name).context("symbol name")?;
-            // SAFETY: a lookup in a valid handle or the global scope.
-            let f = unsafe { libc::dlsym(scope, c.as_ptr()) };
-            if f.is_null() {
-                bail!("libibverbs has no {name}");
-            }
-            Ok(f)
-        };
-        // SAFETY: each symbol is the libibverbs function whose C prototype
-        // the target type mirrors.
-        unsafe {
-            use std::mem::transmute as t;
-            Ok(Verbs {
-                get_device_list: t::<*mut c_void, GetDeviceList>(find("ibv_get_device_list")?),
-                free_device_list: t::<*mut c_void, FreeDeviceList>(find("ibv_free_device_list")?),
-                get_device_name: t::<*mut c_void, GetDeviceName>(find("ibv_get_device_name")?),
-                open_device: t::<*mut c_void, OpenDevice>(find("ibv_open_device")?),
-                close_device: t::<*mut c_void, CloseDevice>(find("ibv_close_device")?),
-                alloc_pd: t::<*mut c_void, AllocPd>(find("ibv_alloc_pd")?),
-                dealloc_pd: t::<*mut c_void, Destroy>(find("ibv_dealloc_pd")?),
-                create_cq: t::<*mut c_void, CreateCq>(find("ibv_create_cq")?),
-                destroy_cq: t::<*mut c_void, Destroy>(find("ibv_destroy_cq")?),
-                create_qp: t::<*mut c_void, CreateQp>(find("ibv_create_qp")?),
-                destroy_qp: t::<*mut c_void, Destroy>(find("ibv_destroy_qp")?),
-                reg_mr: t::<*mut c_void, RegMr>(find("ibv_reg_mr")?),
-                reg_mr_iova2: t::<*mut c_void, RegMrIova2>(find("ibv_reg_mr_iova2")?),
-                dereg_mr: t::<*mut c_void, Destroy>(find("ibv_dereg_mr")?),
-            })
-        }
-    }
-
-    fn open(&self, name: &str) -> Result<*mut c_void> {
-        let mut n: c_int = 0;
-        // SAFETY: libibverbs calls with valid arguments; the list is freed below.
-        unsafe {
-            let list = (self.get_device_list)(&mut n);
-            if list.is_null() {
-                bail!(
-                    "ibv_get_device_list failed: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-            let mut found = ptr::null_mut();
-            for i in 0..usize::try_from(n).unwrap_or(0) {
-                let dev = *list.add(i);
-                let dev_name = CStr::from_ptr((self.get_device_name)(dev));
-                if dev_name.to_bytes() == name.as_bytes() {
-                    found = (self.open_device)(dev);
-                    break;
-                }
-            }
-            (self.free_device_list)(list);
-            if found.is_null() {
-                bail!("cannot open RDMA device {name}");
-            }
-            Ok(found)
-        }
-    }
 }
 
 /// What one kind of creation gave: objects made and the errno of each failure.
