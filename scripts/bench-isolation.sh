@@ -167,20 +167,23 @@ cpu_ticks() { # pid: utime + stime in clock ticks
     awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
 }
 COLLECTOR=
+# The collector's socket on the VM's tmpfs: the repository is a 9p mount, where a Unix socket
+# cannot be bound (ENXIO).
+SOCK_DIR=$(mktemp -d /tmp/bench-isolation.XXXXXX)
 start_collector() {
-    "$BIN/rdma-collector" --socket "$WORK/collector.sock" --limit "QP_CREATE=$RATE" \
+    "$BIN/rdma-collector" --socket "$SOCK_DIR/collector.sock" --limit "QP_CREATE=$RATE" \
         --limit "CQ_CREATE=$RATE" --limit "MR_REG=$RATE" --limit "PD_ALLOC=$RATE" \
         --limit "CQ_COUNT=$HOARD_LIMIT" >"$WORK/collector.log" 2>&1 &
     COLLECTOR=$!
     for _ in $(seq 300); do
-        [ -S "$WORK/collector.sock" ] && return 0
+        [ -S "$SOCK_DIR/collector.sock" ] && return 0
         sleep 0.1
     done
     echo "bench: the collector never listened" >&2; cat "$WORK/collector.log" >&2; return 1
 }
 stop_collector() {
     kill -TERM "$COLLECTOR"; wait "$COLLECTOR" || true
-    rm -f "$WORK/collector.sock"
+    rm -f "$SOCK_DIR/collector.sock"
     COLLECTOR=
 }
 
@@ -194,7 +197,7 @@ start_floods() { # kind layer [on_limit]
         *) args+=(--kind "$1") ;;
     esac
     if [ "$2" = intercept ]; then
-        env=(LD_PRELOAD="$BIN/librdma_intercept.so" RDMA_COLLECTOR="$WORK/collector.sock"
+        env=(LD_PRELOAD="$BIN/librdma_intercept.so" RDMA_COLLECTOR="$SOCK_DIR/collector.sock"
             RDMA_INTERCEPT_ON_LIMIT="${3:-wait}")
     fi
     FLOODS=()
