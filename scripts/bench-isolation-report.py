@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""bench-isolation-report.py RAW.csv OUTDIR: the table and the plot of scripts/bench-isolation.sh.
+
+Reads raw.csv (kind,layer,metric,value,unit), writes OUTDIR/table.md (the victim per row with
+its ratios to alone, the floods' rates, the enforcement's own cost, the goals of issue 23) and
+OUTDIR/plot.svg (gnuplot: the victim's setup p50/p99 and WRITE bandwidth relative to alone, per
+row)."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+GOAL_P50, GOAL_P99, GOAL_BW, GOAL_COLLECTOR = 1.3, 2.0, 0.8, 5.0
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        sys.exit("usage: bench-isolation-report.py RAW.csv OUTDIR")
+    raw, out = Path(sys.argv[1]), Path(sys.argv[2])
+    rows: dict[tuple[str, str], dict[str, float]] = {}
+    order: list[tuple[str, str]] = []
+    with raw.open() as f:
+        for r in csv.DictReader(f):
+            key = (r["kind"], r["layer"])
+            if key not in rows:
+                rows[key] = {}
+                order.append(key)
+            rows[key][r["metric"]] = float(r["value"])
+    alone = rows.get(("alone", "none"))
+    if not alone or "setup_p50" not in alone:
+        sys.exit("bench-isolation-report.py: no measurement of the victim alone in " + str(raw))
+
+    def ratio(m: dict[str, float], metric: str, fmt: str) -> str:
+        if metric not in m:
+            return "failed" if any(k.endswith("_failed") for k in m) else "-"
+        base = alone.get(metric)
+        if not base:
+            return fmt.format(m[metric])
+        if metric == "write64k_bw":
+            return f"{fmt.format(m[metric])} ({100 * m[metric] / base:.0f} %)"
+        return f"{fmt.format(m[metric])} ({m[metric] / base:.2f}x)"
+
+    def verdict(kind: str, layer: str, m: dict[str, float]) -> str:
+        judged = (layer == "intercept" and kind in ("cq", "qp", "pd") or kind.startswith("mr:")
+                  and layer == "intercept") or (layer == "cgroup" and kind in ("bypass", "hoard"))
+        if not judged:
+            return ""
+        if "setup_p50" not in m or "write64k_bw" not in m:
+            return "miss (victim failed)"
+        misses = []
+        if m["setup_p50"] / alone["setup_p50"] > GOAL_P50:
+            misses.append(f"p50 > {GOAL_P50}x")
+        if m["setup_p99"] / alone["setup_p99"] > GOAL_P99:
+            misses.append(f"p99 > {GOAL_P99}x")
+        if m["write64k_bw"] / alone["write64k_bw"] < GOAL_BW:
+            misses.append(f"WRITE < {GOAL_BW:.0%}")
+        return "goal met" if not misses else "miss: " + ", ".join(misses)
+
+    lines = [
+        "| flood | layer | setup p50 ms | setup p99 ms | SEND 64 B p99 us | WRITE 64 KiB MB/s "
+        "| flood cycles/s | refused/s | held | collector CPU | flood throttled | goal |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    labels, plot = [], []
+    for key in order:
+        kind, layer = key
+        m = rows[key]
+        if kind == "refused":
+            continue
+        cells = [
+            kind,
+            layer if kind not in ("alone", "alone-again") else "",
+            ratio(m, "setup_p50", "{:.1f}"),
+            ratio(m, "setup_p99", "{:.1f}"),
+            ratio(m, "send64_p99", "{:.0f}"),
+            ratio(m, "write64k_bw", "{:.1f}"),
+            f"{m['flood_cycles_per_s']:.0f}" if "flood_cycles_per_s" in m else "",
+            f"{m['flood_refused_per_s']:.0f}" if "flood_refused_per_s" in m else "",
+            f"{m['flood_held']:.0f}" if "flood_held" in m else "",
+            f"{m['collector_cpu']:.1f} %" if "collector_cpu" in m else "",
+            (f"{m['flood_throttled_ms']:.0f} ms in {m['flood_throttled_periods']:.0f} periods"
+             if "flood_throttled_ms" in m else ""),
+            verdict(kind, layer, m),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        label = kind if kind.startswith("alone") else f"{kind} {layer}"
+        labels.append(label)
+        plot.append((
+            m.get("setup_p50", 0) / alone["setup_p50"],
+            m.get("setup_p99", 0) / alone["setup_p99"],
+            m.get("write64k_bw", 0) / alone["write64k_bw"],
+        ))
+    refused = rows.get(("refused", "intercept-fail"), {})
+    notes = [
+        "",
+        "Ratios to the victim alone; WRITE as a share of alone. Two floods per row, one per "
+        "device. Goals (issue 23): setup p50 <= 1.3x, p99 <= 2x, WRITE >= 80 % on the "
+        "interceptor (wait) row of each churn flood; bypass and hoard on the rdma cgroup row; "
+        "the collector <= 5 % of a core under a refused flood.",
+    ]
+    if "collector_cpu" in refused:
+        ok = "goal met" if refused["collector_cpu"] <= GOAL_COLLECTOR else "miss"
+        notes.append(
+            f"\nThe collector under two refused CQ churn floods (fail mode): "
+            f"{refused['collector_cpu']:.1f} % of a core ({ok}), idle "
+            f"{refused.get('collector_idle_cpu', 0):.1f} %; the floods were refused "
+            f"{refused.get('flood_refused_per_s', 0):.0f} times a second and admitted "
+            f"{refused.get('flood_cycles_per_s', 0):.0f} cycles a second."
+        )
+    (out / "table.md").write_text("\n".join(lines + notes) + "\n")
+
+    data = out / "plot.dat"
+    with data.open("w") as f:
+        f.write("label p50 p99 write\n")
+        for label, (a, b, c) in zip(labels, plot):
+            f.write(f'"{label}" {a:.3f} {b:.3f} {c:.3f}\n')
+    script = f"""set terminal svg size 1400,500 dynamic font 'sans,10'
+set output '{out / "plot.svg"}'
+set title 'The victim beside two floods, relative to alone (0 = the victim failed)'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set boxwidth 0.9
+set xtics rotate by -45 scale 0
+set ylabel 'ratio to alone'
+set key top left
+set grid ytics
+set arrow from graph 0, first {GOAL_P99} to graph 1, first {GOAL_P99} nohead dt 2 lc rgb 'red'
+set arrow from graph 0, first {GOAL_P50} to graph 1, first {GOAL_P50} nohead dt 3 lc rgb 'orange'
+plot '{data}' using 2:xtic(1) title 'setup p50' lc rgb '#4477aa', \\
+     '' using 3 title 'setup p99' lc rgb '#cc6677', \\
+     '' using 4 title 'WRITE 64 KiB bandwidth' lc rgb '#228833'
+"""
+    (out / "plot.gp").write_text(script)
+    subprocess.run(["gnuplot", str(out / "plot.gp")], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# bench-isolation.sh - a victim's secure setup and data path beside noisy neighbours, with
+# and without each enforcement layer, in one Soft-RoCE lab VM boot (issue 23).
+#
+# The victim (its own cgroup, no warm pool, no nice, no CPU affinity): a secure-server on
+# rxe-a and, from rxe-b, secure-client bench connect -n CONNECTIONS (setup p50/p99 per
+# connection), bench send -s 64 (p99) and bench write -s 65536 (bandwidth; the server
+# offers 1 MiB buffers). It is measured alone, then beside two floods of each KIND (one
+# verbs-churn per device, in the cgroup "flood"), under each LAYER:
+#   none       no limit
+#   intercept  LD_PRELOAD=librdma_intercept.so with RDMA_INTERCEPT_ON_LIMIT=wait, the
+#              collector limiting QP_CREATE, CQ_CREATE, MR_REG and PD_ALLOC to RATE/s
+#              and CQ_COUNT to HOARD objects
+#   cgroup     the rdma cgroup: rdma.max hca_handle=4 hca_object=HOARD on both devices
+#   cpu        the cpu controller: cpu.max CPU_MAX (a share of one core), cpu.weight 10
+# and once more alone at the end (the lab's own drift). KINDS (verbs-churn --kind):
+#   cq, qp (CQ + RC QP), mr:BYTES (registration), pd (open device + PD: context churn),
+#   bypass (QP churn through a private libibverbs: the interceptor never sees it),
+#   hoard (creates up to 5000 CQs per device, or until refused, and holds them; the victim
+#   is measured once both hold theirs, or after 60 s at most).
+# Last, the collector's CPU under a refused flood: a CQ churn in fail mode for SECONDS.
+#
+# Writes into --out DIR (default target/bench-isolation/):
+#   raw.csv    every measurement: kind,layer,metric,value,unit
+#   table.md   the victim per row with ratios to alone, the floods' rates, the collector
+#   plot.svg   the victim's ratios per row (gnuplot)
+#
+# Usage: scripts/bench-isolation.sh [options]
+#   --connections N  connections per setup measurement (default 200)
+#   --seconds S      the refused flood's length for the collector's CPU (default 10)
+#   --kinds LIST     flood kinds, comma-separated (default cq,qp,mr:4096,mr:1048576,pd,bypass,hoard)
+#   --layers LIST    layers, comma-separated (default none,intercept,cgroup,cpu)
+#   --rate N         the interceptor's rate limit per verb, calls/s (default 20)
+#   --cpu-max PCT    the cpu controller's cap for the floods, % of one core (default 10)
+#   --out DIR        output directory
+#   --release        build and measure the release binaries (default: the dev build)
+# About 15 minutes in the VM with the defaults. Timings are emulated (qemu TCG) and the host's
+# CPU may be shared: read the ratios to alone, not the absolute values.
+
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CONNECTIONS=200 SECONDS_REFUSED=10 KINDS=cq,qp,mr:4096,mr:1048576,pd,bypass,hoard
+LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT= PROFILE=debug
+die() { echo "bench-isolation.sh: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --connections|--seconds|--kinds|--layers|--rate|--cpu-max|--out)
+            [ $# -ge 2 ] || die "$1 needs a value (see --help)"
+            case $1 in
+                --connections) CONNECTIONS=$2 ;;
+                --seconds) SECONDS_REFUSED=$2 ;;
+                --kinds) KINDS=$2 ;;
+                --layers) LAYERS=$2 ;;
+                --rate) RATE=$2 ;;
+                --cpu-max) CPU_MAX=$2 ;;
+                --out) OUT=$2 ;;
+            esac
+            shift 2 ;;
+        --release) PROFILE=release; shift ;;
+        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument $1 (see --help)" ;;
+    esac
+done
+for pair in "--connections:$CONNECTIONS" "--seconds:$SECONDS_REFUSED" "--rate:$RATE" "--cpu-max:$CPU_MAX"; do
+    v=${pair#*:}
+    [[ $v =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] || die "${pair%%:*} $v: expected a whole number of at least 1"
+done
+[ "$CPU_MAX" -le 100 ] || die "--cpu-max $CPU_MAX: a percentage of one core, 1 to 100"
+for k in ${KINDS//,/ }; do
+    case $k in
+        cq|qp|pd|bypass|hoard) ;;
+        mr:*) [[ ${k#mr:} =~ ^[0-9]+$ ]] || die "--kinds: $k: expected mr:BYTES, e.g. mr:4096" ;;
+        *) die "--kinds: unknown kind $k (cq, qp, mr:BYTES, pd, bypass, hoard)" ;;
+    esac
+done
+for l in ${LAYERS//,/ }; do
+    case $l in
+        none|intercept|cgroup|cpu) ;;
+        *) die "--layers: unknown layer $l (none, intercept, cgroup, cpu)" ;;
+    esac
+done
+cd "$ROOT"
+OUT=${OUT:-$ROOT/target/bench-isolation}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+need=()
+command -v gnuplot >/dev/null || need+=(gnuplot-nox)
+command -v jq >/dev/null || need+=(jq)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "bench-isolation.sh: installing ${need[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
+fi
+
+echo "bench-isolation.sh: building ($PROFILE)" >&2
+flag=()
+[ "$PROFILE" = release ] && flag=(--release)
+cargo build -q "${flag[@]}" -p secure-rdma-server -p secure-rdma-client -p rdma-collector \
+    -p rdma-intercept
+cargo build -q "${flag[@]}" -p secure-rdma-tests --bin verbs-churn
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET/$PROFILE
+WORK=$(mktemp -d "$TARGET/bench-isolation-run.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+chmod 755 "$WORK"
+"$BIN/secure-server" certs init --dir "$WORK/pki" --san 10.77.0.1 >/dev/null
+"$BIN/secure-server" certs client victim --dir "$WORK/pki" >/dev/null
+
+cat >"$WORK/inside.sh" <<'INNER'
+set -euo pipefail
+# From the environment: BIN WORK CONNECTIONS SECONDS_REFUSED KINDS LAYERS RATE CPU_MAX
+RAW=$WORK/raw.csv
+echo "kind,layer,metric,value,unit" >"$RAW"
+row() { echo "$1,$2,$3,$4,$5" >>"$RAW"; }
+CG=/sys/fs/cgroup
+# The victim and the floods in sibling cgroups, so that the cpu controller weighs them
+# against each other; rdma and cpu enabled for the children.
+echo "+rdma +cpu" >$CG/cgroup.subtree_control
+mkdir -p $CG/victim $CG/flood
+# `$IN victim cmd...` runs cmd inside the cgroup: sh moves itself in, then execs cmd, so
+# that `$IN ... &` leaves $! the pid of cmd itself (to signal it).
+IN=(sh -c 'echo $$ > "/sys/fs/cgroup/$0/cgroup.procs" && exec "$@"')
+unlimit() {
+    echo max >$CG/flood/cpu.max
+    echo 100 >$CG/flood/cpu.weight
+    for dev in rxe-a rxe-b; do
+        echo "$dev hca_handle=max hca_object=max" >$CG/flood/rdma.max
+    done
+}
+HOARD_LIMIT=100
+CPU_QUOTA=$((CPU_MAX * 1000))
+
+"${IN[@]}" victim "$BIN/secure-server" --listen 10.77.0.1:4800 --certs "$WORK/pki" \
+    --max-clients 16 --buffer-size 1048576 >"$WORK/server.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 300); do
+    ss -Hltn "sport = :4800" | grep -q . && break
+    sleep 0.1
+done
+CLIENT=("${IN[@]}" victim "$BIN/secure-client" 10.77.0.1 --port 4800 --certs "$WORK/pki"
+    --name victim --timeout 30)
+
+# The victim, measured: setup p50/p99, SEND 64 B p99, WRITE 64 KiB bandwidth. A failure
+# (e.g. a device whose objects are all hoarded) is a row too.
+victim() { # kind layer
+    local j
+    if j=$("${CLIENT[@]}" bench connect -n "$CONNECTIONS" --json 2>"$WORK/victim.err"); then
+        row "$1" "$2" setup_p50 "$(jq '.per_connection_us.p50 / 1000' <<<"$j")" ms
+        row "$1" "$2" setup_p99 "$(jq '.per_connection_us.p99 / 1000' <<<"$j")" ms
+    else
+        row "$1" "$2" setup_failed 1 run
+        echo "bench: $1/$2: bench connect failed: $(tail -n 2 "$WORK/victim.err" | tr '\n' ' ')" >&2
+    fi
+    if j=$("${CLIENT[@]}" bench send -s 64 -n 500 --json 2>"$WORK/victim.err"); then
+        row "$1" "$2" send64_p99 "$(jq .latency_us.p99 <<<"$j")" us
+    else
+        row "$1" "$2" send_failed 1 run
+    fi
+    if j=$("${CLIENT[@]}" bench write -s 65536 -n 100 --json 2>"$WORK/victim.err"); then
+        row "$1" "$2" write64k_bw "$(jq .bandwidth_mb_s <<<"$j")" MB/s
+    else
+        row "$1" "$2" write_failed 1 run
+    fi
+}
+
+cpu_ticks() { # pid: utime + stime in clock ticks
+    awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+COLLECTOR=
+# The collector's socket on the VM's tmpfs: the repository is a 9p mount, where a Unix socket
+# cannot be bound (ENXIO).
+SOCK_DIR=$(mktemp -d /tmp/bench-isolation.XXXXXX)
+start_collector() {
+    "$BIN/rdma-collector" --socket "$SOCK_DIR/collector.sock" --limit "QP_CREATE=$RATE" \
+        --limit "CQ_CREATE=$RATE" --limit "MR_REG=$RATE" --limit "PD_ALLOC=$RATE" \
+        --limit "CQ_COUNT=$HOARD_LIMIT" >"$WORK/collector.log" 2>&1 &
+    COLLECTOR=$!
+    for _ in $(seq 300); do
+        [ -S "$SOCK_DIR/collector.sock" ] && return 0
+        sleep 0.1
+    done
+    echo "bench: the collector never listened" >&2; cat "$WORK/collector.log" >&2; return 1
+}
+stop_collector() {
+    kill -TERM "$COLLECTOR"; wait "$COLLECTOR" || true
+    rm -f "$SOCK_DIR/collector.sock"
+    COLLECTOR=
+}
+
+FLOODS=()
+start_floods() { # kind layer [on_limit]
+    local args=(--millis 3600000 --no-times) env=() dev i
+    case $1 in
+        mr:*) args+=(--kind mr --mr-size "${1#mr:}") ;;
+        bypass) args+=(--kind qp --bypass) ;;
+        hoard) args+=(--kind hoard --count 5000) ;;
+        *) args+=(--kind "$1") ;;
+    esac
+    if [ "$2" = intercept ]; then
+        env=(LD_PRELOAD="$BIN/librdma_intercept.so" RDMA_COLLECTOR="$SOCK_DIR/collector.sock"
+            RDMA_INTERCEPT_ON_LIMIT="${3:-wait}")
+    fi
+    FLOODS=()
+    for dev in rxe-a rxe-b; do
+        "${IN[@]}" flood env "${env[@]}" "$BIN/verbs-churn" --device $dev "${args[@]}" \
+            >"$WORK/flood-$dev.json" 2>"$WORK/flood-$dev.err" &
+        FLOODS+=($!)
+    done
+    # On when each says so (within 60 s); a hoarder once it holds all it can get, or after
+    # 60 s (under the cpu controller it hoards slowly, and goes on during the measurement).
+    for dev in rxe-a rxe-b; do
+        for i in $(seq 600); do
+            grep -q "verbs-churn: churning on" "$WORK/flood-$dev.err" &&
+                { [ "$1" != hoard ] || grep -q "verbs-churn: holding" "$WORK/flood-$dev.err"; } && break
+            [ "$i" = 600 ] && echo "bench: the $1 flood on $dev: not ready after 60 s: $(cat "$WORK/flood-$dev.err")" >&2
+            sleep 0.1
+        done
+    done
+}
+stop_floods() { # kind layer
+    local pid dev ok=0 refused=0 held=0 ms=0 j
+    for pid in "${FLOODS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${FLOODS[@]}"; do wait "$pid" || true; done
+    for dev in rxe-a rxe-b; do
+        j=$(tail -n 1 "$WORK/flood-$dev.json")
+        [ -n "$j" ] || { echo "bench: no report from the $1 flood on $dev" >&2; cat "$WORK/flood-$dev.err" >&2; continue; }
+        ok=$((ok + $(jq .ok <<<"$j"))) refused=$((refused + $(jq .refused <<<"$j")))
+        held=$((held + $(jq .held <<<"$j"))) ms=$(jq .elapsed_ms <<<"$j")
+    done
+    if [ "$ms" -gt 0 ]; then
+        row "$1" "$2" flood_cycles_per_s "$(awk -v n=$ok -v ms=$ms 'BEGIN { printf "%.0f", n * 1000 / ms }')" "1/s"
+        row "$1" "$2" flood_refused_per_s "$(awk -v n=$refused -v ms=$ms 'BEGIN { printf "%.0f", n * 1000 / ms }')" "1/s"
+    fi
+    [ "$1" = hoard ] && row "$1" "$2" flood_held "$held" objects
+    return 0
+}
+
+HZ=$(getconf CLK_TCK)
+measure() { # kind layer
+    local kind=$1 layer=$2 t0 c0 t1 c1 th0 th1
+    echo "bench: $kind / $layer" >&2
+    unlimit
+    case $layer in
+        intercept) start_collector ;;
+        cgroup)
+            for dev in rxe-a rxe-b; do
+                echo "$dev hca_handle=4 hca_object=$HOARD_LIMIT" >$CG/flood/rdma.max
+            done ;;
+        cpu)
+            echo "$CPU_QUOTA 100000" >$CG/flood/cpu.max
+            echo 10 >$CG/flood/cpu.weight ;;
+    esac
+    th0=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' $CG/flood/cpu.stat)
+    start_floods "$kind" "$layer"
+    t0=$(date +%s%N)
+    [ -n "$COLLECTOR" ] && c0=$(cpu_ticks "$COLLECTOR")
+    victim "$kind" "$layer"
+    t1=$(date +%s%N)
+    if [ -n "$COLLECTOR" ]; then
+        c1=$(cpu_ticks "$COLLECTOR")
+        row "$kind" "$layer" collector_cpu "$(awk -v c=$((c1 - c0)) -v hz=$HZ -v ns=$((t1 - t0)) 'BEGIN { printf "%.2f", 100 * c / hz / (ns / 1e9) }')" "% of a core"
+    fi
+    stop_floods "$kind" "$layer"
+    [ -n "$COLLECTOR" ] && stop_collector
+    th1=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' $CG/flood/cpu.stat)
+    if [ "$layer" = cpu ]; then
+        set -- $th0 $th1
+        row "$kind" "$layer" flood_throttled_periods $(($3 - $1)) periods
+        row "$kind" "$layer" flood_throttled_ms $((($4 - $2) / 1000)) ms
+    fi
+    unlimit
+}
+
+# Warm up (the first connection opens the device, the neighbour tables fill).
+"${CLIENT[@]}" bench connect -n 3 --json >/dev/null
+victim alone none
+for kind in ${KINDS//,/ }; do
+    for layer in ${LAYERS//,/ }; do
+        measure "$kind" "$layer"
+    done
+done
+victim alone-again none
+
+# The collector's CPU under a refused flood: a CQ churn in fail mode (every refusal after
+# the first of each token is answered by the interceptor), over SECONDS_REFUSED, with the
+# idle collector's over the same time as the baseline.
+echo "bench: the collector under a refused flood" >&2
+start_collector
+c0=$(cpu_ticks "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ticks "$COLLECTOR")
+row refused intercept-fail collector_idle_cpu "$(awk -v c=$((c1 - c0)) -v hz=$HZ -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / hz / s }')" "% of a core"
+start_floods cq intercept fail
+c0=$(cpu_ticks "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ticks "$COLLECTOR")
+row refused intercept-fail collector_cpu "$(awk -v c=$((c1 - c0)) -v hz=$HZ -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / hz / s }')" "% of a core"
+stop_floods refused intercept-fail
+stop_collector
+kill -INT $SERVER; wait $SERVER || true
+INNER
+
+echo "bench-isolation.sh: measuring in the VM" >&2
+# The VM's own time limit: generous, the measurements are bounded by the options above.
+VM_TIMEOUT=${VM_TIMEOUT:-3600} bash "$ROOT/scripts/softroce-vm.sh" \
+    "env BIN=$BIN WORK=$WORK CONNECTIONS=$CONNECTIONS SECONDS_REFUSED=$SECONDS_REFUSED KINDS=$KINDS LAYERS=$LAYERS RATE=$RATE CPU_MAX=$CPU_MAX bash $WORK/inside.sh"
+cp "$WORK/raw.csv" "$OUT/raw.csv"
+python3 "$ROOT/scripts/bench-isolation-report.py" "$OUT/raw.csv" "$OUT"
+echo "bench-isolation.sh: $OUT/raw.csv, $OUT/table.md, $OUT/plot.svg" >&2
