@@ -94,6 +94,10 @@ pub struct ServerConfig {
     /// over its write slots, invalidated when the session ends, rather than the write region's
     /// own rkey (default off; devices without type 2 windows fall back to the region's rkey).
     pub memory_windows: bool,
+    /// When to say the server's own setup has slowed (the median RDMA setup of the last
+    /// sessions against its calm median): a warning in the log and `secure_rdma_setup_slow`.
+    /// Default: the last 20 sessions, twice the baseline.
+    pub setup_watch: crate::setup_watch::SetupWatchConfig,
 }
 
 impl ServerConfig {
@@ -132,6 +136,7 @@ impl ServerConfig {
             spiffe_trust_domains: Vec::new(),
             rekey: RekeyPolicy::default(),
             memory_windows: false,
+            setup_watch: crate::setup_watch::SetupWatchConfig::default(),
         }
     }
 
@@ -285,6 +290,12 @@ impl ServerConfig {
     /// Sets [`memory_windows`](Self::memory_windows).
     pub fn with_memory_windows(mut self, on: bool) -> Self {
         self.memory_windows = on;
+        self
+    }
+
+    /// Sets [`setup_watch`](Self::setup_watch).
+    pub fn with_setup_watch(mut self, watch: crate::setup_watch::SetupWatchConfig) -> Self {
+        self.setup_watch = watch;
         self
     }
 }
