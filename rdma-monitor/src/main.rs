@@ -419,7 +419,12 @@ fn print_transition(t: &Transition, config: &DetectorConfig, json: bool) {
         "noisy tenant"
     );
     if json {
-        println!("{}", t.to_json(config));
+        let mut v = t.to_json(config);
+        // When the decision was made, for whoever measures how late it came.
+        v["noisy_tenant"]["time_unix_s"] = serde_json::json!(SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()));
+        println!("{v}");
     } else {
         println!("{}", t.render_text(config));
     }

@@ -605,11 +605,14 @@ async fn serve(flags: Opts) -> Result<()> {
             flags
                 .setup_slow_window
                 .or(file.setup_slow_window)
-                .unwrap_or(20) as usize,
-            flags
-                .setup_slow_factor
-                .or(file.setup_slow_factor)
-                .unwrap_or(2.0),
+                .unwrap_or(20)
+                .max(1) as usize,
+            // The config file's value gets the flag's check.
+            match flags.setup_slow_factor.or(file.setup_slow_factor) {
+                Some(f) => parse_slow_factor(&f.to_string())
+                    .map_err(|e| anyhow::anyhow!("setup-slow-factor {e}"))?,
+                None => 2.0,
+            },
         ))
         .with_limits(limits)
         .with_poll(flags.poll.or(file.poll).unwrap_or_default())
