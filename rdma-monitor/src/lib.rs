@@ -6,7 +6,9 @@
 //! - [`hw_counters`]: the RDMA ports' hardware counters from sysfs (no eBPF), which show
 //!   packet injection and PSN guessing;
 //! - [`report`]: per-interval snapshots rendered as text, JSON and Prometheus metrics, and the
-//!   HTTP exporter that serves them.
+//!   HTTP exporter that serves them;
+//! - [`detect`]: noisy tenants, the processes, cgroups or users whose control-verb rate stays
+//!   above a threshold for a window.
 //!
 //! Without default features (`default-features = false`) the crate is the reports and the
 //! hardware counters alone: no aya, no BPF objects, no command line. Quota types, tenants,
@@ -21,6 +23,7 @@
 //! assert!(!render_text(&snapshot).is_empty());
 //! ```
 
+pub mod detect;
 pub mod hw_counters;
 pub mod monitor;
 pub mod report;

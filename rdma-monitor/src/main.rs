@@ -3,6 +3,7 @@
 //! `rdma_monitor` library (`monitor`, `report`, `hw_counters`), `rdma_collector`
 //! and `rdma_quota`.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -12,6 +13,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
 use rdma_collector::Collector;
+use rdma_monitor::detect::{Detector, DetectorConfig, Tenant, TenantKind, Transition};
 use rdma_monitor::hw_counters::{self, PortCounterReader};
 use rdma_monitor::monitor::{Monitor, MonitorOptions};
 use rdma_monitor::report::{self, AttachReport, Sampler, Snapshot, TextOptions};
@@ -80,6 +82,25 @@ struct Args {
     /// Read port hardware counters below DIR (laid out like /sys/class/infiniband).
     #[arg(long, value_name = "DIR", default_value = hw_counters::SYSFS_ROOT)]
     hw_counters_root: PathBuf,
+    /// Flag noisy tenants: any process, cgroup or user (see --flag-by) whose control-verb calls
+    /// (create, modify, destroy, register, query) stay at or above this many per second for
+    /// --flag-window. A flood is reported once when it starts and once when it ends, as a
+    /// `noisy tenant started|ended: ...` line (JSON: a `{"noisy_tenant": ...}` object), in
+    /// every report while it lasts, and as `rdma_noisy_tenant` metrics. Off unless given: what
+    /// is noisy depends on the workload (a secure-server connection makes a few dozen calls;
+    /// the floods that slowed its setup 2.5x made thousands per second). Needs eBPF.
+    #[arg(long, value_name = "CALLS_PER_S", value_parser = parse_flag_rate, conflicts_with = "no_ebpf")]
+    flag_rate: Option<f64>,
+    /// How long a tenant's rate must stay above --flag-rate to be flagged, and below it for the
+    /// flag to be lifted (seconds). The decision comes within about 0.1 s of the window's end.
+    #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_flag_window)]
+    flag_window: Duration,
+    /// What --flag-rate judges, comma-separated: `cgroup` (the kernel's per-cgroup counts,
+    /// no extra cost), `process` and `user` (these turn on the per-call event stream, which
+    /// costs the flooder more per call).
+    #[arg(long, value_name = "KINDS", value_delimiter = ',', default_value = "cgroup",
+          value_parser = PossibleValuesParser::new(["process", "cgroup", "user"]).map(tenant_kind))]
+    flag_by: Vec<TenantKind>,
     /// Log format on stderr (RUST_LOG sets the level, default info).
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
     log_format: LogFormat,
@@ -106,6 +127,27 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err(format!("{s} is out of range (0.05 to 86400 seconds)"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_flag_rate(s: &str) -> Result<f64, String> {
+    let rate: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(format!("{s} must be a positive number of calls per second"));
+    }
+    Ok(rate)
+}
+
+fn parse_flag_window(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.1..=3600.0).contains(&secs) {
+        return Err(format!("{s} is out of range (0.1 to 3600 seconds)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `--flag-by`: the parser lets only the listed values through.
+fn tenant_kind(kind: String) -> TenantKind {
+    kind.parse().unwrap_or(TenantKind::Cgroup)
 }
 
 /// `--tenant-by`: the parser lets only the listed values through (and lists them in --help,
@@ -147,8 +189,15 @@ async fn run(args: Args) -> Result<()> {
     let mut monitor = if args.no_ebpf {
         None
     } else {
+        // Per-process and per-user counts come from the per-call events; the kernel counts per
+        // cgroup only.
+        let need_events = args.flag_rate.is_some()
+            && args
+                .flag_by
+                .iter()
+                .any(|k| matches!(k, TenantKind::Process | TenantKind::User));
         let options = MonitorOptions {
-            events: args.events,
+            events: args.events || need_events,
             ..MonitorOptions::default()
         };
         Some(Monitor::start(options)?)
@@ -187,13 +236,23 @@ async fn run(args: Args) -> Result<()> {
             }
         }));
     }
+    let mut detection = args.flag_rate.map(|rate| {
+        Detection::new(
+            DetectorConfig::new(rate, args.flag_window),
+            args.flag_by.clone(),
+        )
+    });
     let metrics = match args.metrics {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} for --metrics"))?;
             // Until the first interval ends, a scrape finds the build info alone.
-            let (tx, rx) = watch::channel(report::render_exposition(None, &BUILD, |_| {}));
+            let (tx, rx) = watch::channel(report::render_exposition(None, &BUILD, |r| {
+                if let Some(d) = &detection {
+                    r.register_collector(Box::new(d.detector.metrics()));
+                }
+            }));
             eprintln!(
                 "rdma-monitor: metrics at http://{}/metrics",
                 listener.local_addr()?
@@ -227,21 +286,43 @@ async fn run(args: Args) -> Result<()> {
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
     let mut reports = 0u64;
+    // Decisions are made at these observations: the window's end is reported within one.
+    let mut detect_ticker = tokio::time::interval(DETECT_PERIOD);
+    detect_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticker.tick() => {
                 let snapshot = take(&monitor)?;
-                emit(&snapshot, args.json, &text, false);
+                emit(&snapshot, args.json, &text, false, detection.as_ref(), started.elapsed());
                 if let Some(tx) = &metrics {
-                    tx.send_replace(report::render_exposition(Some(&snapshot), &BUILD, |_| {}));
+                    tx.send_replace(report::render_exposition(Some(&snapshot), &BUILD, |r| {
+                        if let Some(d) = &detection {
+                            r.register_collector(Box::new(d.detector.metrics()));
+                        }
+                    }));
                 }
                 reports += 1;
                 if args.count.is_some_and(|n| reports >= n) {
                     break;
                 }
             }
+            _ = detect_ticker.tick(), if detection.is_some() => {
+                if let (Some(d), Some(m)) = (detection.as_mut(), monitor.as_ref()) {
+                    let kernel = m.counters()?;
+                    let now = started.elapsed();
+                    for t in d.observe(now, &kernel) {
+                        print_transition(&t, d.detector.config(), args.json);
+                    }
+                }
+            }
             events = next_events(&mut monitor) => {
                 for e in events? {
+                    if let Some(d) = detection.as_mut() {
+                        d.count_event(&e);
+                    }
+                    if !args.events {
+                        continue;
+                    }
                     if args.json {
                         println!("{}", serde_json::json!({
                             "event": {
@@ -266,7 +347,14 @@ async fn run(args: Args) -> Result<()> {
     let mut last = take(&monitor)?;
     // The final report covers the whole run.
     last.interval = started.elapsed();
-    emit(&last, args.json, &text, true);
+    emit(
+        &last,
+        args.json,
+        &text,
+        true,
+        detection.as_ref(),
+        started.elapsed(),
+    );
     for task in tasks {
         task.abort();
     }
@@ -285,9 +373,19 @@ async fn next_events(monitor: &mut Option<Monitor>) -> Result<Vec<rdma_monitor::
     }
 }
 
-fn emit(snapshot: &Snapshot, json: bool, text: &TextOptions, last: bool) {
+fn emit(
+    snapshot: &Snapshot,
+    json: bool,
+    text: &TextOptions,
+    last: bool,
+    detection: Option<&Detection>,
+    now: Duration,
+) {
     if json {
         let mut v = report::render_json(snapshot);
+        if let Some(d) = detection {
+            v["noisy_tenants"] = d.detector.flagged_json(now);
+        }
         if last {
             v["final"] = serde_json::Value::Bool(true);
         }
@@ -297,6 +395,141 @@ fn emit(snapshot: &Snapshot, json: bool, text: &TextOptions, last: bool) {
             println!("=== rdma-monitor final summary ===");
         }
         print!("{}", report::render_text_with(snapshot, text));
+        if let Some(d) = detection {
+            print!("{}", d.detector.flagged_text(now));
+        }
         println!();
+    }
+}
+
+/// How often the detector looks at the counts (it decides only then).
+const DETECT_PERIOD: Duration = Duration::from_millis(100);
+
+/// Per-process and per-user counts idle this long are dropped (the detector has forgotten
+/// them long before), so a host with many short-lived processes does not grow the maps.
+const IDLE_FORGET: Duration = Duration::from_secs(60);
+
+fn print_transition(t: &Transition, config: &DetectorConfig, json: bool) {
+    tracing::warn!(
+        kind = t.tenant.kind.name(),
+        tenant = %t.tenant.label(),
+        id = t.tenant.id,
+        change = t.change.name(),
+        rate = t.rate,
+        "noisy tenant"
+    );
+    if json {
+        let mut v = t.to_json(config);
+        // When the decision was made, for whoever measures how late it came.
+        v["noisy_tenant"]["time_unix_s"] = serde_json::json!(SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()));
+        println!("{v}");
+    } else {
+        println!("{}", t.render_text(config));
+    }
+}
+
+/// The detector and the per-process/per-user tallies that feed it.
+struct Detection {
+    detector: Detector,
+    kinds: Vec<TenantKind>,
+    /// pid -> (comm, calls, last call).
+    processes: HashMap<u32, (String, u64, Instant)>,
+    /// uid -> (calls, last call).
+    users: HashMap<u32, (u64, Instant)>,
+    /// pid -> (uid, last call); no uid when the process was gone before it could be looked up.
+    uid_of: HashMap<u32, (Option<u32>, Instant)>,
+    /// cgroup id -> path.
+    cgroup_paths: HashMap<u64, String>,
+    passwd: Option<String>,
+}
+
+impl Detection {
+    fn new(config: DetectorConfig, kinds: Vec<TenantKind>) -> Detection {
+        Detection {
+            detector: Detector::new(config),
+            kinds,
+            processes: HashMap::new(),
+            users: HashMap::new(),
+            uid_of: HashMap::new(),
+            cgroup_paths: HashMap::new(),
+            passwd: std::fs::read_to_string("/etc/passwd").ok(),
+        }
+    }
+
+    fn count_event(&mut self, e: &rdma_monitor::monitor::Event) {
+        let now = Instant::now();
+        if self.kinds.contains(&TenantKind::Process) {
+            let entry = self
+                .processes
+                .entry(e.pid)
+                .or_insert_with(|| (e.comm.clone(), 0, now));
+            entry.1 += 1;
+            entry.2 = now;
+        }
+        if self.kinds.contains(&TenantKind::User) {
+            // The owner of /proc/PID is the process's effective uid; looked up once per pid.
+            let seen = self.uid_of.entry(e.pid).or_insert_with(|| {
+                let uid = std::fs::metadata(format!("/proc/{}", e.pid))
+                    .ok()
+                    .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+                (uid, now)
+            });
+            seen.1 = now;
+            if let Some(uid) = seen.0 {
+                let entry = self.users.entry(uid).or_insert((0, now));
+                entry.0 += 1;
+                entry.1 = now;
+            }
+        }
+    }
+
+    fn user_name(&self, uid: u32) -> String {
+        let uid = uid.to_string();
+        self.passwd
+            .as_deref()
+            .and_then(|text| {
+                text.lines().find_map(|l| {
+                    let mut f = l.split(':');
+                    let name = f.next()?;
+                    (f.nth(1)? == uid).then(|| name.to_owned())
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    fn observe(
+        &mut self,
+        now: Duration,
+        kernel: &rdma_monitor::monitor::KernelCounters,
+    ) -> Vec<Transition> {
+        let mut counts = Vec::new();
+        if self.kinds.contains(&TenantKind::Cgroup) {
+            for (id, c) in &kernel.per_cgroup {
+                let path = self.cgroup_paths.entry(*id).or_insert_with(|| {
+                    rdma_quota::cgroup::path_of_id(
+                        std::path::Path::new(rdma_quota::cgroup::CGROUP_ROOT),
+                        *id,
+                    )
+                    .unwrap_or_default()
+                });
+                counts.push((Tenant::cgroup(*id, path.clone()), c.ops.values().sum()));
+            }
+        }
+        let cutoff = Instant::now().checked_sub(IDLE_FORGET);
+        if let Some(cutoff) = cutoff {
+            self.processes.retain(|_, p| p.2 >= cutoff);
+            self.users.retain(|_, u| u.1 >= cutoff);
+            self.uid_of.retain(|_, u| u.1 >= cutoff);
+        }
+        for (pid, (comm, n, _)) in &self.processes {
+            counts.push((Tenant::process(*pid, comm.clone()), *n));
+        }
+        let users: Vec<(u32, u64)> = self.users.iter().map(|(u, (n, _))| (*u, *n)).collect();
+        for (uid, n) in users {
+            counts.push((Tenant::user(uid, self.user_name(uid)), n));
+        }
+        self.detector.observe(now, counts)
     }
 }

@@ -16,6 +16,7 @@ use secure_rdma::protect::RekeyPolicy;
 use secure_rdma::quota::spiffe::SpiffeId;
 use secure_rdma::quota::{LimitSetting, QuotaConfig, Quotas};
 use secure_rdma::server::{Limits, PrefixLengths, ProtectionPolicy, Server, ServerConfig};
+use secure_rdma::setup_watch::SetupWatchConfig;
 use secure_rdma::tls::IdentitySource;
 use secure_rdma::verbs::Poll;
 use serde::Deserialize;
@@ -222,7 +223,15 @@ struct Opts {
     /// message); 0 turns this threshold off. All three at 0: keys never rotate [default: 3600]
     #[arg(long, value_name = "SECS")]
     rekey_after_seconds: Option<u64>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, identity, trust-domain, ca, cert, key, crl)
+    /// Warn (and set the secure_rdma_setup_slow metric) when the median RDMA setup of the last
+    /// --setup-slow-window sessions reaches this multiple of the calmest median seen, as when
+    /// another tenant floods the RDMA control path; 0 turns the warning off [default: 2]
+    #[arg(long, value_name = "FACTOR", value_parser = parse_slow_factor)]
+    setup_slow_factor: Option<f64>,
+    /// Sessions the median setup of --setup-slow-factor is taken over [default: 20]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    setup_slow_window: Option<u32>,
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-lanes-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, setup-slow-factor, setup-slow-window, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -255,6 +264,16 @@ impl From<IdentityChoice> for IdentitySource {
             IdentityChoice::Dns => IdentitySource::Dns,
             IdentityChoice::Cn => IdentitySource::Cn,
         }
+    }
+}
+
+/// `--setup-slow-factor`: 0 (off), or above 1 (a multiple of the calm median).
+fn parse_slow_factor(s: &str) -> std::result::Result<f64, String> {
+    let f: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if f == 0.0 || (f > 1.0 && f <= 1000.0) {
+        Ok(f)
+    } else {
+        Err(format!("{s}: use 0 (off) or a factor above 1, such as 2"))
     }
 }
 
@@ -598,6 +617,19 @@ async fn serve(flags: Opts) -> Result<()> {
                     n as usize
                 }),
         )
+        .with_setup_watch(SetupWatchConfig::new(
+            flags
+                .setup_slow_window
+                .or(file.setup_slow_window)
+                .unwrap_or(20)
+                .max(1) as usize,
+            // The config file's value gets the flag's check.
+            match flags.setup_slow_factor.or(file.setup_slow_factor) {
+                Some(f) => parse_slow_factor(&f.to_string())
+                    .map_err(|e| anyhow::anyhow!("setup-slow-factor {e}"))?,
+                None => 2.0,
+            },
+        ))
         .with_limits(limits)
         .with_poll(flags.poll.or(file.poll).unwrap_or_default())
         .with_resume_window(Duration::from_secs(

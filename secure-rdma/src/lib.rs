@@ -59,6 +59,7 @@ pub use rdma_quota as quota;
 pub mod ratelimit;
 pub mod server;
 pub mod session;
+pub mod setup_watch;
 pub mod tls;
 pub mod verbs;
 

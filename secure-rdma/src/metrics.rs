@@ -35,6 +35,10 @@
 //! | `secure_rdma_lanes_opened_total` | counter | |
 //! | `secure_rdma_lanes_refused_total` | counter | `reason` ([`LANE_REFUSALS`]) |
 //! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
+//! | `secure_rdma_setup_slow` | gauge | | 1 while the median RDMA setup of the last sessions is slow ([`crate::setup_watch`]) |
+//! | `secure_rdma_setup_slowdowns_total` | counter | |
+//! | `secure_rdma_setup_median_seconds` | gauge | | the median RDMA setup of the last sessions |
+//! | `secure_rdma_setup_baseline_seconds` | gauge | | the calmest such median seen |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
@@ -78,6 +82,7 @@ use crate::datapath::Op;
 use crate::events::DataPathCause;
 use crate::handshake::RejectReason;
 use crate::protect::AUTH_CHECKS;
+use crate::setup_watch::{SetupChange, SetupWatch, SetupWatchConfig};
 
 /// How a connection's handshake ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -344,6 +349,12 @@ pub struct ServerMetrics {
     lanes_opened: Counter,
     lanes_refused: Family<ReasonLabels, Counter>,
     lane_messages: Family<LaneLabels, Counter>,
+    /// Made with the server's settings at its first setup.
+    setup_watch: Arc<Mutex<Option<SetupWatch>>>,
+    setup_slow: Gauge,
+    setup_slowdowns: Counter,
+    setup_median: Gauge<f64, std::sync::atomic::AtomicU64>,
+    setup_baseline: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 /// The `lane` label: a lane's number, bounded by [`crate::lanes::MAX_LANE`].
@@ -405,6 +416,11 @@ impl Default for ServerMetrics {
             lanes_opened: Counter::default(),
             lanes_refused: Family::default(),
             lane_messages: Family::default(),
+            setup_watch: Arc::default(),
+            setup_slow: Gauge::default(),
+            setup_slowdowns: Counter::default(),
+            setup_median: Gauge::default(),
+            setup_baseline: Gauge::default(),
         };
         for reason in LANE_REFUSALS {
             drop(
@@ -487,6 +503,28 @@ impl Drop for ActiveSession {
 impl ServerMetrics {
     /// Adds every metric to `registry` (names as in the [module docs](self)).
     pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "secure_rdma_setup_slow",
+            "1 while the median RDMA setup of the server's last sessions is at least the slow factor times its calm median (a tenant may be flooding the control path)",
+            self.setup_slow.clone(),
+        );
+        registry.register(
+            "secure_rdma_setup_slowdowns",
+            "Times the median RDMA setup became slow",
+            self.setup_slowdowns.clone(),
+        );
+        registry.register_with_unit(
+            "secure_rdma_setup_median",
+            "Median RDMA setup (PD, CQs, MRs, QP to RTS) of the server's last sessions",
+            Unit::Seconds,
+            self.setup_median.clone(),
+        );
+        registry.register_with_unit(
+            "secure_rdma_setup_baseline",
+            "The calmest median RDMA setup seen: what slow is judged against",
+            Unit::Seconds,
+            self.setup_baseline.clone(),
+        );
         registry.register(
             "secure_rdma_sessions_active",
             "Established client sessions, per RDMA device",
@@ -953,6 +991,25 @@ impl ServerMetrics {
                 verb: TimedVerb::PostSend.label(),
             }),
         }
+    }
+
+    /// Records one session's RDMA setup (PD, CQs, MRs, QP to RTS) in the setup watch made
+    /// with `config` (at the first call); returns when setup slowed or recovered.
+    pub fn setup_finished(&self, took: Duration, config: SetupWatchConfig) -> Option<SetupChange> {
+        let mut watch = self.setup_watch.lock().unwrap_or_else(|p| p.into_inner());
+        let watch = watch.get_or_insert_with(|| SetupWatch::new(config));
+        let change = watch.observe(took);
+        if let Some(m) = watch.median() {
+            self.setup_median.set(m.as_secs_f64());
+        }
+        if let Some(b) = watch.baseline() {
+            self.setup_baseline.set(b.as_secs_f64());
+        }
+        self.setup_slow.set(i64::from(watch.is_slow()));
+        if matches!(change, Some(SetupChange::Slowed { .. })) {
+            self.setup_slowdowns.inc();
+        }
+        change
     }
 
     /// Records that `verb` took `took` on `device`.

@@ -26,4 +26,4 @@ pub use counters::{AttachReport, CgroupCounters, KernelCounters, MonitorDiagnost
 #[cfg(feature = "ebpf")]
 pub use event::{parse_event, Event, EventParseError, EVENT_RECORD_LEN};
 #[cfg(feature = "ebpf")]
-pub use probes::{Monitor, MonitorError, MonitorOptions};
+pub use probes::{Monitor, MonitorError, MonitorOptions, MAX_EVENT_BATCH};

@@ -25,6 +25,10 @@ use super::event::{parse_event, Event};
 use super::hooks::{self, Probe, HOOKS};
 use super::{AttachReport, KernelCounters, MonitorDiagnostics};
 
+/// The most events [`Monitor::drain_events`] (and so [`Monitor::next_events`] and
+/// [`Monitor::poll_events`]) returns at once.
+pub const MAX_EVENT_BATCH: usize = 4096;
+
 /// What [`Monitor::start`] does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MonitorOptions {
@@ -443,10 +447,15 @@ impl Monitor {
         })
     }
 
-    /// Takes every event already in the ring buffer, without waiting.
+    /// Takes the events already in the ring buffer, without waiting: all of them, up to
+    /// [`MAX_EVENT_BATCH`] per call.
     pub fn drain_events(&mut self) -> Vec<Event> {
         let mut out = Vec::new();
-        while let Some(item) = self.ring.next() {
+        // Bounded: under a flood the kernel writes events as fast as they are read, and an
+        // unbounded drain never returned, stalling the caller's reports and noisy-tenant
+        // decisions for seconds (measured in detect_lab).
+        while out.len() < MAX_EVENT_BATCH {
+            let Some(item) = self.ring.next() else { break };
             match parse_event(&item) {
                 Ok(e) => out.push(e),
                 Err(_) => self.bad_records += 1,

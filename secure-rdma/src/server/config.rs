@@ -101,6 +101,10 @@ pub struct ServerConfig {
     /// session's first lane is admitted by the session limits, never by this one; 1 offers
     /// no lanes at all.
     pub max_lanes_per_identity: usize,
+    /// When to say the server's own setup has slowed (the median RDMA setup of the last
+    /// sessions against its calm median): a warning in the log and `secure_rdma_setup_slow`.
+    /// Default: the last 20 sessions, twice the baseline.
+    pub setup_watch: crate::setup_watch::SetupWatchConfig,
 }
 
 impl ServerConfig {
@@ -140,6 +144,7 @@ impl ServerConfig {
             rekey: RekeyPolicy::default(),
             memory_windows: true,
             max_lanes_per_identity: crate::lanes::DEFAULT_MAX_LANES_PER_IDENTITY,
+            setup_watch: crate::setup_watch::SetupWatchConfig::default(),
         }
     }
 
@@ -307,6 +312,12 @@ impl ServerConfig {
     /// ```
     pub fn with_max_lanes_per_identity(mut self, max: usize) -> Self {
         self.max_lanes_per_identity = max;
+        self
+    }
+
+    /// Sets [`setup_watch`](Self::setup_watch).
+    pub fn with_setup_watch(mut self, watch: crate::setup_watch::SetupWatchConfig) -> Self {
+        self.setup_watch = watch;
         self
     }
 }

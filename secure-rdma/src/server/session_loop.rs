@@ -78,6 +78,7 @@ use crate::metrics::{HandshakeOutcome, KeyDirection, ServerMetrics, TimedVerb};
 use crate::ratelimit::LogLimiter;
 use crate::server::handler::HandlerError;
 use crate::session::{Session, SessionError};
+use crate::setup_watch::SetupChange;
 
 /// Steps 3–6: RDMA setup and confirmation, then the client's operations
 /// until it leaves, goes idle or the server stops; then everything the
@@ -155,6 +156,21 @@ pub(super) async fn serve_session(
     };
     let timing = session.timing();
     metrics.verb(device.name(), TimedVerb::QpSetup, timing.setup);
+    match metrics.setup_finished(timing.setup, cfg.setup_watch) {
+        Some(SetupChange::Slowed { median, baseline }) => tracing::warn!(
+            median_ms = median.as_secs_f64() * 1e3,
+            baseline_ms = baseline.as_secs_f64() * 1e3,
+            sessions = cfg.setup_watch.window,
+            "RDMA setup slowed: the median of the last sessions is {:.1}x the calm median; another tenant may be flooding the RDMA control path (the host's monitor names noisy tenants)",
+            median.as_secs_f64() / baseline.as_secs_f64().max(1e-9)
+        ),
+        Some(SetupChange::Recovered { median, baseline }) => tracing::info!(
+            median_ms = median.as_secs_f64() * 1e3,
+            baseline_ms = baseline.as_secs_f64() * 1e3,
+            "RDMA setup back to normal speed"
+        ),
+        _ => {}
+    }
     metrics.verb(device.name(), TimedVerb::QpConfirm, timing.confirmation);
     metrics.established(accepted.elapsed());
     // Counted until the session's resources are freed, below.
