@@ -35,10 +35,10 @@
 //! | `secure_rdma_lanes_opened_total` | counter | |
 //! | `secure_rdma_lanes_refused_total` | counter | `reason` ([`LANE_REFUSALS`]) |
 //! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
-//! | `secure_rdma_setup_slow` | gauge | | 1 while the median RDMA setup of the last sessions is slow ([`crate::setup_watch`]) |
+//! | `secure_rdma_setup_slow` | gauge | (1 while the median RDMA setup of the last sessions is slow, [`crate::setup_watch`]) |
 //! | `secure_rdma_setup_slowdowns_total` | counter | |
-//! | `secure_rdma_setup_median_seconds` | gauge | | the median RDMA setup of the last sessions |
-//! | `secure_rdma_setup_baseline_seconds` | gauge | | the calmest such median seen |
+//! | `secure_rdma_setup_median_seconds` | gauge | (the median RDMA setup of the last sessions) |
+//! | `secure_rdma_setup_baseline_seconds` | gauge | (the calmest such median seen) |
 //!
 //! The stream counters: a resume is a client that reconnected and named its
 //! operation stream; a replayed operation is one the client sent again after
