@@ -40,7 +40,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CONNECTIONS=200 SECONDS_REFUSED=10 KINDS=cq,qp,mr:4096,mr:1048576,pd,bypass,hoard
-LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT= PROFILE=debug
+LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug
 die() { echo "bench-isolation.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -63,7 +63,9 @@ while [ $# -gt 0 ]; do
 done
 for pair in "--connections:$CONNECTIONS" "--seconds:$SECONDS_REFUSED" "--rate:$RATE" "--cpu-max:$CPU_MAX"; do
     v=${pair#*:}
-    [[ $v =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] || die "${pair%%:*} $v: expected a whole number of at least 1"
+    if ! [[ $v =~ ^[0-9]+$ ]] || [ "$v" -lt 1 ]; then
+        die "${pair%%:*} $v: expected a whole number of at least 1"
+    fi
 done
 [ "$CPU_MAX" -le 100 ] || die "--cpu-max $CPU_MAX: a percentage of one core, 1 to 100"
 for k in ${KINDS//,/ }; do

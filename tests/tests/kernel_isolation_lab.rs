@@ -12,99 +12,19 @@
 //! cargo test -p secure-rdma-tests --no-run --test kernel_isolation_lab
 //! ```
 
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdma_quota::rdma_cgroup::{self, DeviceLimit};
-use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
+use secure_rdma_tests::collector::{preload, Collector};
+use secure_rdma_tests::secure::{client, Lines, Pki, ServerProc};
 use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, TestCgroup};
 use serde_json::Value;
 
 const CHURN: &str = env!("CARGO_BIN_EXE_verbs-churn");
 const DEADLINE: Duration = Duration::from_secs(180);
-
-/// The interceptor, built next to this test's binaries (see intercept_lab.rs).
-fn preload() -> PathBuf {
-    let built = bin("librdma_intercept.so");
-    let tested = built
-        .parent()
-        .expect("target dir")
-        .join("deps/librdma_intercept.so");
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (modified(&built), modified(&tested)) {
-        (Some(b), Some(t)) if t > b => tested,
-        (Some(_), _) => built,
-        (None, Some(_)) => tested,
-        (None, None) => panic!(
-            "{} missing: build it first with `cargo build -p rdma-intercept` (same target dir)",
-            built.display()
-        ),
-    }
-}
-
-/// A running `rdma-collector` with `limits`, on a socket in its own temp dir.
-struct Collector {
-    child: Child,
-    _log: Lines,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Collector {
-    fn start(limits: &[&str]) -> Collector {
-        let exe = bin("rdma-collector");
-        assert!(
-            exe.exists(),
-            "{} missing: build it first with `cargo build -p rdma-collector`",
-            exe.display()
-        );
-        let dir = tempfile::tempdir().expect("temp dir");
-        let socket = dir.path().join("collector.sock");
-        let mut cmd = Command::new(exe);
-        cmd.arg("--socket").arg(&socket);
-        for limit in limits {
-            cmd.args(["--limit", limit]);
-        }
-        let mut child = cmd
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn rdma-collector");
-        let log = Lines::collect(child.stderr.take().expect("stderr"));
-        let started = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "rdma-collector exited ({status}):\n{}",
-                    log.snapshot().join("\n")
-                );
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "rdma-collector never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Collector {
-            child,
-            _log: log,
-            socket,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Makes `cmd` start inside `cgroup`: the child moves itself in before exec,
 /// so none of its work is done outside it.
