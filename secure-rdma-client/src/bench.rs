@@ -76,6 +76,12 @@ pub enum Bench {
         /// allow concurrency x N
         #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65))]
         lanes: u32,
+        /// The warm path: this client keeps RDMA resources ready for its next connections and
+        /// lanes (--warm-pool of them, 8 if that is not given), full before the clock starts,
+        /// so each only connects a ready QP; start the server with --warm-pool for its half.
+        /// The report says how many connections found a ready resource (warm in the report)
+        #[arg(long)]
+        warm: bool,
     },
     /// RDMA SEND ping-pongs (latency) and a stream of SENDs (bandwidth) over one session
     Send(DataArgs),
@@ -188,9 +194,32 @@ pub struct ConnectReport {
     pub phases_us: PhaseSummaries,
     /// Wall time of the whole run.
     pub total_ms: f64,
+    /// Everything after TCP + TLS (admission, RDMA setup, confirmation), per connection: what
+    /// compares with an rdma_cm connection.
+    pub after_tls_us: Summary,
     /// With `--lanes N` above 1: the extra lanes opened on each live session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lanes: Option<LanesReport>,
+    /// With `--warm`: how the warm pool served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmReport>,
+}
+
+/// The warm path of `bench connect --warm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WarmReport {
+    /// Resources kept ready.
+    pub pool: usize,
+    /// Connections (of the N) whose resources were ready.
+    pub warm_connections: usize,
+    /// Extra lanes whose resources were ready.
+    pub warm_lanes: usize,
+    /// Takes that found none ready (that connection or lane made its own).
+    pub missed: u64,
+    /// Ready resources found unusable and freed.
+    pub discarded: u64,
+    /// Resources the pool made in all (before and during the run).
+    pub made: u64,
 }
 
 /// The extra lanes of `bench connect --lanes N`.
@@ -309,7 +338,8 @@ pub async fn run(connector: &Connector, bench: &Bench) -> Result<serde_json::Val
             n,
             concurrency,
             lanes,
-        } => serde_json::to_value(connect(connector, *n, *concurrency, *lanes).await?)?,
+            warm,
+        } => serde_json::to_value(connect(connector, *n, *concurrency, *lanes, *warm).await?)?,
         Bench::Send(a) => serde_json::to_value(data(connector, Op::Send, a).await?)?,
         Bench::Write(a) => serde_json::to_value(data(connector, Op::Write, a).await?)?,
         Bench::Hold {
@@ -351,6 +381,7 @@ async fn connect(
     n: usize,
     concurrency: usize,
     lanes: u32,
+    warm: bool,
 ) -> Result<ConnectReport> {
     raise_fd_limit();
     // The first connection opens the device, builds the TLS configuration and makes the full
@@ -364,6 +395,11 @@ async fn connect(
         .context("the first connection")?;
     let first_connection_us = us(t.elapsed());
     first.quit().await;
+    // The first connection started the warm pool: full before the clock starts, as cmtime's
+    // devices are open before its clock starts.
+    if warm {
+        connector.warm_stats(Some(Duration::from_secs(60)));
+    }
     let started = Instant::now();
     let results: Vec<Result<(Duration, Phases, Vec<LaneOpened>)>> = stream::iter(0..n)
         .map(|i| async move {
@@ -395,9 +431,13 @@ async fn connect(
     let mut phases: [Vec<f64>; 4] = Default::default();
     let mut tls_resumed = 0;
     let mut lane_samples: [Vec<f64>; 5] = Default::default();
+    let mut after_tls = Vec::with_capacity(n);
+    let (mut warm_connections, mut warm_lanes) = (0, 0);
     for r in results {
         let (w, p, opened) = r?;
+        warm_connections += usize::from(p.warm);
         for l in opened {
+            warm_lanes += usize::from(l.warm);
             lane_samples[0].push(us(l.took));
             lane_samples[1].push(us(l.setup));
             lane_samples[2].push(us(l.confirmation));
@@ -410,6 +450,7 @@ async fn connect(
         phases[1].push(us(p.admission));
         phases[2].push(us(p.rdma_setup));
         phases[3].push(us(p.confirmation));
+        after_tls.push(us(p.admission + p.rdma_setup + p.confirmation));
     }
     Ok(ConnectReport {
         connections: n,
@@ -424,6 +465,18 @@ async fn connect(
             confirmation: Summary::of(&phases[3]),
         },
         total_ms: round(total.as_secs_f64() * 1e3),
+        after_tls_us: Summary::of(&after_tls),
+        warm: warm.then(|| {
+            let s = connector.warm_stats(None);
+            WarmReport {
+                pool: connector.config().warm_pool,
+                warm_connections,
+                warm_lanes,
+                missed: s.missed,
+                discarded: s.discarded,
+                made: s.made,
+            }
+        }),
         lanes: (lanes > 1).then(|| {
             let lane_us = Summary::of(&lane_samples[0]);
             let per_connection = Summary::of(&whole);

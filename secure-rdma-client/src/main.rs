@@ -141,6 +141,12 @@ struct Cli {
     /// lanes other than the first are not resumed after a lost session
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65))]
     lanes: u32,
+    /// Keep this many sessions' RDMA resources (PD, CQs, memory regions, a QP in INIT with its
+    /// receives posted) ready, made by a background thread, so the next connection or lane
+    /// (a reconnect, the `lane` command, bench) only connects a ready QP. Each serves one
+    /// session. 0 makes each on its connection's path [default: 0; `bench connect --warm`: 8]
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    warm_pool: u32,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -222,7 +228,8 @@ async fn run(cli: Cli) -> i32 {
         .with_max_buffer_size(cli.max_buffer_size)
         .with_allow_gid_mismatch(cli.allow_gid_mismatch)
         .with_rdma_acks(cli.rdma_acks)
-        .with_lanes(cli.lanes as usize);
+        .with_lanes(cli.lanes as usize)
+        .with_warm_pool(cli.warm_pool as usize);
     let cfg = match identity {
         Some((cert, key)) => cfg.with_identity(cert, key),
         None => cfg,
@@ -399,6 +406,10 @@ async fn run_bench(cfg: ClientConfig, b: &bench::BenchArgs) -> i32 {
         return 2;
     }
     // The benchmark opens its own lanes (bench connect --lanes), timed apart.
+    let cfg = match b.kind {
+        bench::Bench::Connect { warm: true, .. } if cfg.warm_pool == 0 => cfg.with_warm_pool(8),
+        _ => cfg,
+    };
     let connector = Connector::new(cfg.with_rdma_acks(b.kind.rdma_acks()).with_lanes(1));
     match bench::run(&connector, &b.kind).await {
         Ok(report) => {
@@ -561,7 +572,8 @@ mod tests {
             bench::Bench::Connect {
                 n: 20,
                 concurrency: 4,
-                lanes: 1
+                lanes: 1,
+                warm: false
             }
         ));
         // The optional server name still parses before the subcommand.
@@ -675,12 +687,28 @@ mod tests {
                 confirmation: s,
             },
             total_ms: 1.0,
+            after_tls_us: s,
             lanes: None,
+            warm: None,
         })
         .unwrap();
         assert_eq!(connect["connections"], 2);
+        assert!(connect["after_tls_us"]["p50"].is_number());
         // Without --lanes, no lanes key; with it, the extra lane beside the connection.
         assert!(connect.get("lanes").is_none());
+        // Without --warm, no warm key; with it, how the pool served.
+        assert!(connect.get("warm").is_none());
+        let warm = serde_json::to_value(bench::WarmReport {
+            pool: 8,
+            warm_connections: 40,
+            warm_lanes: 0,
+            missed: 1,
+            discarded: 0,
+            made: 49,
+        })
+        .unwrap();
+        assert_eq!(warm["warm_connections"], 40);
+        assert_eq!(warm["made"], 49);
         let with_lanes = serde_json::to_value(bench::LanesReport {
             per_connection: 4,
             opened: 6,

@@ -176,6 +176,13 @@ struct Opts {
     /// offers no lanes [default: 8]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65))]
     max_lanes_per_identity: Option<u32>,
+    /// Keep this many sessions' RDMA resources (PD, CQs, memory regions, memory window, a QP in
+    /// INIT with its receives posted) ready per device and buffer size, made by a background
+    /// thread of the server's own, so a new session or lane only connects a ready QP. Each
+    /// serves one session and is then freed, never reused. They are the server's while they
+    /// wait: no tenant's quota counts them until a session takes one [default: 0, none]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=1024))]
+    warm_pool: Option<u32>,
     /// End sessions older than this many seconds (clients reconnect) [default: no limit]
     #[arg(long, value_name = "SECONDS")]
     max_session_lifetime: Option<u64>,
@@ -231,7 +238,7 @@ struct Opts {
     /// Sessions the median setup of --setup-slow-factor is taken over [default: 20]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     setup_slow_window: Option<u32>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-lanes-per-identity, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, setup-slow-factor, setup-slow-window, identity, trust-domain, ca, cert, key, crl)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-lanes-per-identity, warm-pool, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, setup-slow-factor, setup-slow-window, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -617,6 +624,7 @@ async fn serve(flags: Opts) -> Result<()> {
                     n as usize
                 }),
         )
+        .with_warm_pool(flags.warm_pool.or(file.warm_pool).unwrap_or(0) as usize)
         .with_setup_watch(SetupWatchConfig::new(
             flags
                 .setup_slow_window

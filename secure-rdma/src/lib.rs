@@ -22,6 +22,8 @@
 //!   receiver per step.
 //! - [`session`]: one connection's RDMA resources, connected and confirmed,
 //!   and the control channel's receivers of the steady state.
+//! - [`warm`]: the warm path, session resources made ahead of time by a
+//!   pool's own thread, each serving one session.
 //! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
 //! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
 //! - [`metrics`]: the server's counters and histograms (sessions, handshakes,
@@ -35,7 +37,7 @@
 //! The layers, lowest first:
 //!
 //! ```text
-//! psn → verbs → datapath → protect → certs → tls → handshake → session → client, server
+//! psn → verbs → datapath → protect → certs → tls → handshake → session → warm → client, server
 //! ```
 //!
 //! (`ratelimit`, `quota` and `metrics` stand beside them: `metrics` names
@@ -62,6 +64,7 @@ pub mod session;
 pub mod setup_watch;
 pub mod tls;
 pub mod verbs;
+pub mod warm;
 
 /// The crate's README, whose examples run as doctests so they cannot go stale.
 #[doc = include_str!("../README.md")]

@@ -35,6 +35,8 @@
 //! | `secure_rdma_lanes_opened_total` | counter | |
 //! | `secure_rdma_lanes_refused_total` | counter | `reason` ([`LANE_REFUSALS`]) |
 //! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
+//! | `secure_rdma_rdma_setups_total` | counter | `path` (`warm`: a session or lane took resources made ahead, [`crate::warm`]; `cold`: it made its own) |
+//! | `secure_rdma_warm_ready` | gauge | (resources ready in the warm pools, as of the last take) |
 //! | `secure_rdma_setup_slow` | gauge | (1 while the median RDMA setup of the last sessions is slow, [`crate::setup_watch`]) |
 //! | `secure_rdma_setup_slowdowns_total` | counter | |
 //! | `secure_rdma_setup_median_seconds` | gauge | (the median RDMA setup of the last sessions) |
@@ -349,6 +351,8 @@ pub struct ServerMetrics {
     lanes_opened: Counter,
     lanes_refused: Family<ReasonLabels, Counter>,
     lane_messages: Family<LaneLabels, Counter>,
+    rdma_setups: Family<PathLabels, Counter>,
+    warm_ready: Gauge,
     /// Made with the server's settings at its first setup.
     setup_watch: Arc<Mutex<Option<SetupWatch>>>,
     setup_slow: Gauge,
@@ -361,6 +365,12 @@ pub struct ServerMetrics {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct LaneLabels {
     lane: u32,
+}
+
+/// The `path` label: `warm` or `cold` ([`crate::warm`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PathLabels {
+    path: &'static str,
 }
 
 /// Every `reason` label of `secure_rdma_lanes_refused_total`.
@@ -416,6 +426,8 @@ impl Default for ServerMetrics {
             lanes_opened: Counter::default(),
             lanes_refused: Family::default(),
             lane_messages: Family::default(),
+            rdma_setups: Family::default(),
+            warm_ready: Gauge::default(),
             setup_watch: Arc::default(),
             setup_slow: Gauge::default(),
             setup_slowdowns: Counter::default(),
@@ -428,6 +440,9 @@ impl Default for ServerMetrics {
                     .lanes_refused
                     .get_or_create(&ReasonLabels { reason }),
             );
+        }
+        for path in ["warm", "cold"] {
+            drop(metrics.rdma_setups.get_or_create(&PathLabels { path }));
         }
         for direction in ["send", "receive"] {
             drop(
@@ -644,6 +659,16 @@ impl ServerMetrics {
             self.lanes_refused.clone(),
         );
         registry.register(
+            "secure_rdma_rdma_setups",
+            "RDMA setups of sessions and lanes, by path (warm: resources made ahead by the warm pool were taken; cold: the setup made its own)",
+            self.rdma_setups.clone(),
+        );
+        registry.register(
+            "secure_rdma_warm_ready",
+            "Session resources ready in the warm pools, as of the last setup that looked",
+            self.warm_ready.clone(),
+        );
+        registry.register(
             "secure_rdma_lane_messages_received",
             "RDMA SENDs and WRITEs received, per lane number (0: each session's first QP; bounded by the highest lane number a client may open)",
             self.lane_messages.clone(),
@@ -658,6 +683,19 @@ impl ServerMetrics {
         ActiveLane {
             gauge: self.lanes_active.clone(),
         }
+    }
+
+    /// Counts one RDMA setup (a session's or a lane's) by its `path`, `"warm"` or `"cold"`
+    /// ([`crate::warm::Path::name`]), with `ready` resources left in the warm pools.
+    pub fn rdma_setup(&self, path: &'static str, ready: usize) {
+        self.rdma_setups.get_or_create(&PathLabels { path }).inc();
+        self.warm_ready
+            .set(i64::try_from(ready).unwrap_or(i64::MAX));
+    }
+
+    /// RDMA setups so far by `path` (`"warm"` or `"cold"`).
+    pub fn rdma_setups(&self, path: &'static str) -> u64 {
+        self.rdma_setups.get_or_create(&PathLabels { path }).get()
     }
 
     /// Counts one lane refused, by `reason` (one of [`LANE_REFUSALS`]).

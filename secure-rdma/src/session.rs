@@ -96,6 +96,9 @@ pub enum SessionError {
     /// The peer registered no buffer for RDMA WRITE (clients never do).
     #[error("the peer accepts no RDMA WRITE")]
     NoRemoteBuffer,
+    /// Resources made ahead of time were given to a session of another shape (sizes).
+    #[error("the resources made ahead were made for other sizes than this session's")]
+    ShapeMismatch,
 }
 
 /// Sizes, timeouts and what the peer may do.
@@ -372,6 +375,17 @@ impl Session {
         config: SessionConfig,
     ) -> Result<Session, SessionError> {
         let prepared = Prepared::new(device, sgid, secrets, config)?;
+        Session::establish_prepared(chan, prepared).await
+    }
+
+    /// [`Session::establish`] with resources already made: from [`Prepared::new`], or from
+    /// [`Prepared::from_resources`] on the warm path ([`crate::warm`]), where only connecting
+    /// and confirming the QP are left.
+    pub async fn establish_prepared<S: AsyncRead + AsyncWrite + Unpin>(
+        chan: &mut Channel<S>,
+        prepared: Prepared,
+    ) -> Result<Session, SessionError> {
+        let config = prepared.config;
         chan.send(&Message::Endpoint {
             endpoint: prepared.local(),
         })
@@ -713,33 +727,80 @@ pub enum Confirm {
     Second,
 }
 
-impl Prepared {
-    /// Makes this connection's PD, CQs, memory regions and QP on `device`, sending from
-    /// `sgid`, posts the receives and draws the first PSN: [`Prepared::local`] is what the
-    /// peer needs.
+/// The sizes a session's resources are made with ([`SessionConfig::shape`]): resources made
+/// for one shape serve any session whose configuration has the same shape
+/// ([`Prepared::from_resources`]), whatever its keys, timeout or peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    slot_len: usize,
+    recv_slots: usize,
+    send_slots: usize,
+    write_slots: usize,
+    accept_writes: bool,
+    memory_window: bool,
+}
+
+impl SessionConfig {
+    /// The sizes of the resources a session of this configuration needs.
+    pub fn shape(&self) -> Shape {
+        let (slot_len, recv_slots) = self.layout();
+        let (send_slots, write_slots) = self.slots();
+        Shape {
+            slot_len,
+            recv_slots,
+            send_slots,
+            write_slots,
+            accept_writes: self.accept_writes,
+            memory_window: self.accept_writes && self.memory_window,
+        }
+    }
+}
+
+/// A session's RDMA resources, made and ready to be connected: its PD, CQs, memory regions,
+/// memory window and QP, the QP in INIT with every receive posted. Nothing in it belongs to a
+/// TLS session yet (no PSN, no keys, no peer): [`Prepared::from_resources`] gives it those.
+/// A [`crate::warm::WarmPool`] makes them ahead of time; each serves one session.
+pub struct Resources {
+    window: Option<Arc<MemoryWindow>>,
+    qp: QueuePair<crate::verbs::Init>,
+    send_mr: Arc<MemoryRegion>,
+    recv_mr: Arc<MemoryRegion>,
+    data_mr: Option<Arc<MemoryRegion>>,
+    sgid: GidEntry,
+    mtu: crate::verbs::PathMtu,
+    shape: Shape,
+}
+
+impl std::fmt::Debug for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resources")
+            .field("qp", &self.qp)
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
+
+impl Resources {
+    /// Makes the PD, CQs, memory regions, window and QP a session of `config` needs on
+    /// `device`, sending from `sgid`, and posts the receives.
     pub fn new(
         device: &Arc<Device>,
         sgid: GidEntry,
-        secrets: Secrets,
-        config: SessionConfig,
-    ) -> Result<Prepared, SessionError> {
-        let started = std::time::Instant::now();
-        let Secrets { tokens, protection } = secrets;
-        if config.protected != protection.is_some() {
-            return Err(SessionError::ProtectionMismatch);
-        }
-        let (bs, slots) = config.layout();
-        let (send_slots, write_slots) = config.slots();
+        config: &SessionConfig,
+    ) -> Result<Resources, VerbsError> {
+        let shape = config.shape();
+        let (bs, slots) = (shape.slot_len, shape.recv_slots);
+        let (send_slots, write_slots) = (shape.send_slots, shape.write_slots);
         let pd = device.alloc_pd()?;
         let depth = u32::try_from(slots * 2).unwrap_or(u32::MAX);
         let send_cq = CompletionQueue::new(device, depth)?;
         let recv_cq = CompletionQueue::new(device, depth)?;
+        // Fresh registrations: their bytes are zero, whatever an earlier session put in its own.
         let send_mr = MemoryRegion::new(&pd, bs * send_slots, MrAccess::Local)?;
         let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
         // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
         // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
-        let windows = config.accept_writes
-            && config.memory_window
+        let windows = shape.memory_window
             && {
                 let has = device.has_type2_windows();
                 if !has {
@@ -747,7 +808,7 @@ impl Prepared {
                 }
                 has
             };
-        let data_mr = match config.accept_writes {
+        let data_mr = match shape.accept_writes {
             true => Some(MemoryRegion::new(
                 &pd,
                 bs * write_slots,
@@ -763,7 +824,7 @@ impl Prepared {
             max_recv_wr: depth,
         };
         let mut qp = QueuePair::create(&pd, &send_cq, &recv_cq, sgid.clone(), caps)?
-            .into_init(config.accept_writes)?;
+            .into_init(shape.accept_writes)?;
         // The window is allocated after the QP, as the session's newest kernel object: when a
         // process dies without draining (SIGKILL), the kernel destroys its objects newest first,
         // so the window goes (releasing rxe's reference on the QP it is bound to) before the
@@ -773,19 +834,97 @@ impl Prepared {
             (true, Some(_)) => Some(Arc::new(MemoryWindow::alloc(&pd)?)),
             _ => None,
         };
+        for slot in 0..slots {
+            qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
+        }
+        Ok(Resources {
+            window,
+            qp,
+            send_mr,
+            recv_mr,
+            data_mr,
+            sgid,
+            mtu: device.active_mtu()?,
+            shape,
+        })
+    }
+
+    /// The sizes these resources were made with.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// Whether the QP is still in INIT, as made (one `ibv_query_qp`): a QP the device moved
+    /// to ERROR while it waited in a pool (a port or device event) cannot be connected.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.qp.query(), Ok(a) if a.state == <crate::verbs::Init as crate::verbs::QpState>::NAME)
+    }
+}
+
+impl Prepared {
+    /// Makes this connection's PD, CQs, memory regions and QP on `device`, sending from
+    /// `sgid`, posts the receives and draws the first PSN: [`Prepared::local`] is what the
+    /// peer needs.
+    pub fn new(
+        device: &Arc<Device>,
+        sgid: GidEntry,
+        secrets: Secrets,
+        config: SessionConfig,
+    ) -> Result<Prepared, SessionError> {
+        let started = std::time::Instant::now();
+        if config.protected != secrets.protection.is_some() {
+            return Err(SessionError::ProtectionMismatch);
+        }
+        let resources = Resources::new(device, sgid, &config)?;
+        Self::assemble(resources, secrets, config, started)
+    }
+
+    /// This connection's resources made ahead of time ([`Resources`], from a
+    /// [`crate::warm::WarmPool`]) with its secrets and a first PSN drawn now: only the QP's
+    /// moves to RTR and RTS are left. The resources must have `config`'s [`Shape`].
+    pub fn from_resources(
+        resources: Resources,
+        secrets: Secrets,
+        config: SessionConfig,
+    ) -> Result<Prepared, SessionError> {
+        let started = std::time::Instant::now();
+        if config.protected != secrets.protection.is_some() {
+            return Err(SessionError::ProtectionMismatch);
+        }
+        if resources.shape != config.shape() {
+            return Err(SessionError::ShapeMismatch);
+        }
+        Self::assemble(resources, secrets, config, started)
+    }
+
+    fn assemble(
+        resources: Resources,
+        secrets: Secrets,
+        config: SessionConfig,
+        started: std::time::Instant,
+    ) -> Result<Prepared, SessionError> {
+        let Secrets { tokens, protection } = secrets;
+        let Resources {
+            window,
+            qp,
+            send_mr,
+            recv_mr,
+            data_mr,
+            sgid,
+            mtu,
+            shape,
+        } = resources;
         let buffer = match (&window, &data_mr) {
             (Some(w), Some(mr)) => Some(w.remote(mr)),
             (None, Some(mr)) => Some(mr.remote()),
             _ => None,
         };
-        for slot in 0..slots {
-            qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
-        }
         let local = Endpoint {
             gid: sgid.gid,
             qpn: qp.qpn(),
+            // Drawn for this session alone, whenever its QP was made.
             psn: Psn::random(),
-            mtu: device.active_mtu()?,
+            mtu,
             buffer,
         };
         Ok(Prepared {
@@ -798,12 +937,12 @@ impl Prepared {
             tokens,
             local,
             config: SessionConfig {
-                recv_slots: slots,
-                send_slots,
-                write_slots,
+                recv_slots: shape.recv_slots,
+                send_slots: shape.send_slots,
+                write_slots: shape.write_slots,
                 ..config
             },
-            slot_len: bs,
+            slot_len: shape.slot_len,
             started,
         })
     }

@@ -277,7 +277,8 @@ fn rdma_read_at_address_zero_gets_no_response_and_ends_the_session_with_its_caus
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn a_previous_sessions_rkey_lands_nothing_while_the_current_one_reaches_the_aead() {
-    old_rkey_attack(Lab::start(4591, 9591));
+    let (warm, _) = old_rkey_attack(Lab::start(4591, 9591));
+    assert_eq!(warm, 0, "no warm pool, no warm setup");
 }
 
 /// The same with the write region's own rkey instead of a memory window's: the region is
@@ -332,7 +333,8 @@ fn a_plain_write_with_the_current_rkey_lands_silently_but_nothing_of_it_is_deliv
     assert!(lab.victim.quit_ok());
 }
 
-fn old_rkey_attack(mut lab: Lab) {
+/// Returns the server's RDMA setups by path (warm, cold).
+fn old_rkey_attack(mut lab: Lab) -> (u64, u64) {
     // Session 1: the attacker only watches, and keeps the rkey and address of its WRITE.
     let inj = observe(&[]);
     lab.victim.op("write first session's bytes");
@@ -461,7 +463,36 @@ fn old_rkey_attack(mut lab: Lab) {
         "{}",
         lab.context()
     );
+    let setups = rdma_setups(&lab.metrics);
     assert!(lab.victim.quit_ok());
+    setups
+}
+
+/// `secure_rdma_rdma_setups_total` by path: (warm, cold).
+fn rdma_setups(metrics: &str) -> (u64, u64) {
+    let text = scrape(metrics).unwrap_or_default();
+    let count = |path: &str| {
+        let key = format!("secure_rdma_rdma_setups_total{{path=\"{path}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    (count("warm"), count("cold"))
+}
+
+/// The same on a server that keeps session resources ready (`--warm-pool`): a session's QP,
+/// regions and window were made before it asked, by the pool's thread, and still nothing of
+/// the previous session's grant reaches them. The sessions after the first (which starts the
+/// pool) take ready resources.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn with_a_warm_pool_a_previous_sessions_rkey_lands_nothing_either() {
+    let (warm, cold) = old_rkey_attack(Lab::start_with(4595, 9595, &["--warm-pool", "2"]));
+    eprintln!("setups: {warm} warm, {cold} cold");
+    // Sessions 2, 3 and 4 (the client's reconnects) found resources ready; session 1 made
+    // its own and started the pool.
+    assert_eq!((warm, cold), (3, 1));
 }
 
 #[test]

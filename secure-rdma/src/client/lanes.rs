@@ -9,7 +9,7 @@ use crate::datapath::{Ack, Op, StreamId};
 use crate::handshake::{HandshakeError, Message, Resume};
 use crate::lanes::LaneAnswer;
 use crate::protect::{Protection, Side};
-use crate::session::{Arrival, Confirm, Prepared, Secrets, Session, SessionError};
+use crate::session::{Arrival, Confirm, Secrets, Session, SessionError};
 use crate::verbs::{VerbsError, WcOpcode};
 
 /// One more lane of a session: its session (QP, keys) and its own operation stream.
@@ -54,6 +54,8 @@ pub struct LaneOpened {
     pub answer: Duration,
     /// The tokens exchanged over the lane's QP.
     pub confirmation: Duration,
+    /// Our resources came from the connector's warm pool ([`crate::warm`]).
+    pub warm: bool,
 }
 
 /// One lane's traffic so far ([`Client::lane_stats`](super::Client::lane_stats)).
@@ -193,13 +195,13 @@ impl super::Client {
                 Some(p)
             }
         };
-        let prepared = Prepared::new(
+        let (prepared, path) = setup.warm.prepare(
             &setup.device,
-            setup.sgid.clone(),
+            &setup.sgid,
             Secrets { tokens, protection },
             setup.session_cfg,
-        )
-        .map_err(device_or_session)?;
+        );
+        let prepared = prepared.map_err(device_or_session)?;
         let prepare = started.elapsed();
         let window = self.link.window();
         self.link
@@ -270,6 +272,7 @@ impl super::Client {
                 prepare,
                 answer: answer_took,
                 confirmation: timing.confirmation,
+                warm: path == crate::warm::Path::Warm,
             },
         ))
     }

@@ -38,6 +38,8 @@ pub(crate) struct LaneSetup {
     pub(crate) session_cfg: crate::session::SessionConfig,
     pub(crate) cipher: Option<crate::protect::Cipher>,
     pub(crate) rekey: crate::protect::RekeyPolicy,
+    /// The connector's pools of resources made ahead.
+    pub(crate) warm: std::sync::Arc<crate::warm::WarmPools>,
 }
 
 impl Link {

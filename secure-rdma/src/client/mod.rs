@@ -87,6 +87,11 @@ pub struct ClientConfig {
     /// too (each lane's acknowledgements come over its own QP), and the extra lanes are
     /// opened over the session's TLS connection with [`Client::add_lane`].
     pub lanes: usize,
+    /// Session resources (PD, CQs, memory regions, QP in INIT with its receives posted) a
+    /// [`Connector`] keeps ready for its next connections and lanes ([`crate::warm`]), made by
+    /// a thread of its own; each serves one session. 0, the default, makes each connection's
+    /// on its path.
+    pub warm_pool: usize,
 }
 
 impl ClientConfig {
@@ -109,6 +114,7 @@ impl ClientConfig {
             recovery: Recovery::default(),
             backoff: Backoff::default(),
             lanes: 1,
+            warm_pool: 0,
         }
     }
 
@@ -121,6 +127,18 @@ impl ClientConfig {
     /// ```
     pub fn with_lanes(mut self, lanes: usize) -> ClientConfig {
         self.lanes = lanes.max(1);
+        self
+    }
+
+    /// Sets [`ClientConfig::warm_pool`].
+    ///
+    /// ```
+    /// use secure_rdma::client::ClientConfig;
+    /// let cfg = ClientConfig::new("10.77.0.1").with_warm_pool(4);
+    /// assert_eq!(cfg.warm_pool, 4);
+    /// ```
+    pub fn with_warm_pool(mut self, resources: usize) -> ClientConfig {
+        self.warm_pool = resources;
         self
     }
 
@@ -517,6 +535,9 @@ pub struct Phases {
     /// The TLS handshake resumed an earlier session of this [`Connector`] (a ticket: no
     /// certificates sent or verified, a fresh ECDHE all the same).
     pub tls_resumed: bool,
+    /// The RDMA resources were made ahead by the connector's warm pool
+    /// ([`ClientConfig::warm_pool`]): only connecting the QP was left.
+    pub warm: bool,
 }
 
 /// Makes many connections with one configuration: the TLS configuration (certificates read and
@@ -551,6 +572,8 @@ struct ConnectorInner {
     tls: Mutex<Option<Arc<rustls::ClientConfig>>>,
     /// The device and GID for the local address they were picked for.
     device: Mutex<Option<(std::net::IpAddr, Arc<Device>, crate::verbs::GidEntry)>>,
+    /// Resources made ahead for the next connections and lanes.
+    warm: Arc<crate::warm::WarmPools>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -567,6 +590,7 @@ impl Connector {
     pub fn new(cfg: ClientConfig) -> Connector {
         Connector {
             inner: Arc::new(ConnectorInner {
+                warm: Arc::new(crate::warm::WarmPools::new(cfg.warm_pool)),
                 cfg,
                 tls: Mutex::new(None),
                 device: Mutex::new(None),
@@ -577,6 +601,16 @@ impl Connector {
     /// The configuration every connection uses.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.cfg
+    }
+
+    /// What this connector's warm pools ([`ClientConfig::warm_pool`]) have done, and waits up
+    /// to `timeout` for every pool started so far to be full first, when asked: a benchmark
+    /// of the warm path starts its clock on full pools.
+    pub fn warm_stats(&self, wait_full: Option<Duration>) -> crate::warm::WarmStats {
+        if let Some(timeout) = wait_full {
+            self.inner.warm.wait_full(timeout);
+        }
+        self.inner.warm.stats()
     }
 
     /// Connects like [`Client::connect`].
@@ -809,13 +843,19 @@ impl Connector {
             ..SessionConfig::default()
         };
         let secrets = Secrets { tokens, protection };
-        let session = Session::establish(&mut chan, &device, sgid.clone(), secrets, session_cfg)
-            .await
-            .map_err(|e| match e {
-                SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
-                SessionError::Verbs(v) => ClientError::Device(v),
-                other => ClientError::Session(other),
-            })?;
+        let (prepared, path) = self
+            .inner
+            .warm
+            .prepare(&device, &sgid, secrets, session_cfg);
+        let established = match prepared {
+            Ok(prepared) => Session::establish_prepared(&mut chan, prepared).await,
+            Err(e) => Err(e),
+        };
+        let session = established.map_err(|e| match e {
+            SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
+            SessionError::Verbs(v) => ClientError::Device(v),
+            other => ClientError::Session(other),
+        })?;
         let timing = session.timing();
         let phases = Phases {
             tcp_tls,
@@ -826,6 +866,7 @@ impl Connector {
                 .saturating_sub(tcp_tls + admission + timing.confirmation),
             confirmation: timing.confirmation,
             tls_resumed,
+            warm: path == crate::warm::Path::Warm,
         };
         // Lanes only where we asked and the acknowledgements come over RDMA.
         let lanes = lanes.filter(|_| window.is_some() && cfg.wants_rdma_acks());
@@ -842,6 +883,7 @@ impl Connector {
                 session_cfg,
                 cipher,
                 rekey: rekey.unwrap_or_else(crate::protect::RekeyPolicy::off),
+                warm: Arc::clone(&self.inner.warm),
             }),
         };
         Ok((link, identity, device, resume, phases))

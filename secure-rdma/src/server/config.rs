@@ -105,6 +105,12 @@ pub struct ServerConfig {
     /// sessions against its calm median): a warning in the log and `secure_rdma_setup_slow`.
     /// Default: the last 20 sessions, twice the baseline.
     pub setup_watch: crate::setup_watch::SetupWatchConfig,
+    /// Session resources (PD, CQs, memory regions, window, QP in INIT with its receives
+    /// posted) kept ready per device, GID and size ([`crate::warm`]), made by a thread of the
+    /// server's own, so a session or lane takes a ready QP and only connects it. Each serves
+    /// one session. They are the server's objects while they wait (no tenant's quota counts
+    /// them until a session takes one). 0, the default, makes every session's on its path.
+    pub warm_pool: usize,
 }
 
 impl ServerConfig {
@@ -145,6 +151,7 @@ impl ServerConfig {
             memory_windows: true,
             max_lanes_per_identity: crate::lanes::DEFAULT_MAX_LANES_PER_IDENTITY,
             setup_watch: crate::setup_watch::SetupWatchConfig::default(),
+            warm_pool: 0,
         }
     }
 
@@ -312,6 +319,20 @@ impl ServerConfig {
     /// ```
     pub fn with_max_lanes_per_identity(mut self, max: usize) -> Self {
         self.max_lanes_per_identity = max;
+        self
+    }
+
+    /// Sets [`warm_pool`](Self::warm_pool).
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_warm_pool(8);
+    /// assert_eq!(config.warm_pool, 8);
+    /// ```
+    pub fn with_warm_pool(mut self, resources: usize) -> Self {
+        self.warm_pool = resources;
         self
     }
 

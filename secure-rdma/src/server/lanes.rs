@@ -25,7 +25,7 @@ use crate::protect::{Cipher, Protection, RekeyPolicy, Side};
 use crate::ratelimit::LogLimiter;
 use crate::server::handler::HandlerError;
 use crate::session::{
-    Confirm, Prepared, Secrets, SessionAdmission, SessionConfig, SessionError, Unconfirmed,
+    Confirm, Secrets, SessionAdmission, SessionConfig, SessionError, Unconfirmed,
 };
 use crate::verbs::{Device, GidEntry};
 
@@ -170,8 +170,14 @@ impl<'a> LaneContext<'a> {
         };
         let secrets = lane_secrets(conn, req, first, self.cipher, self.rekey)
             .map_err(|e| setup_failed(format!("TLS exporter: {e}")))?;
-        let prepared = Prepared::new(&self.device, self.sgid.clone(), secrets, self.session_cfg)
-            .map_err(|e| setup_failed(e.to_string()))?;
+        let (prepared, path) =
+            self.shared
+                .warm
+                .prepare(&self.device, &self.sgid, secrets, self.session_cfg);
+        self.shared
+            .metrics
+            .rdma_setup(path.name(), self.shared.warm.stats().ready);
+        let prepared = prepared.map_err(|e| setup_failed(e.to_string()))?;
         let unconfirmed = prepared
             .connect(req.endpoint)
             .await

@@ -81,6 +81,8 @@ struct Shared {
     /// The TLS material, reloaded by a background task, and the live sessions it may end.
     tls: watch::Credentials,
     devices: Devices,
+    /// Session resources made ahead ([`crate::warm`]), when configured.
+    warm: crate::warm::WarmPools,
     slots: Arc<Semaphore>,
     /// Connections not yet admitted, in all and per source address.
     pending: Arc<Semaphore>,
@@ -195,6 +197,7 @@ impl Server {
             lanes_by_identity: KeyCounts::default(),
             cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
             devices: Devices::new(fixed, config.gid_index),
+            warm: crate::warm::WarmPools::new(config.warm_pool),
             tls,
             metrics: ServerMetrics::default(),
             streams: Arc::new(streams::Streams::new(config.resume_window)),
