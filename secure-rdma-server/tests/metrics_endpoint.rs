@@ -9,20 +9,6 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-/// The value of `field` in a JSON log line whose message is `message`.
-fn logged(line: &str, message: &str, field: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    let fields = if v["fields"].is_object() {
-        &v["fields"]
-    } else {
-        &v
-    };
-    if fields["message"] != message {
-        return None;
-    }
-    fields[field].as_str().map(str::to_owned)
-}
-
 /// One `GET /metrics` to `addr`: the whole response, status line and headers included.
 fn scrape(addr: &str) -> String {
     let mut stream = TcpStream::connect(addr).expect("connect to --metrics");
@@ -55,10 +41,11 @@ fn metrics_serve_the_server_metrics_and_a_report_with_or_without_ebpf() {
         let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) else {
             continue;
         };
-        if let Some(a) = logged(&line, "telemetry: Prometheus metrics at /metrics", "addr") {
+        if let Some(a) = common::logged(&line, "telemetry: Prometheus metrics at /metrics", "addr")
+        {
             addr = Some(a);
         }
-        reported |= logged(&line, "telemetry", "source").is_some();
+        reported |= common::logged(&line, "telemetry", "source").is_some();
     }
     let response = addr.as_deref().map(scrape);
     let _ = child.kill();

@@ -2,7 +2,8 @@
 //! directory, a `secure-server` process whose JSON log lines are collected,
 //! and `secure-client` commands.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -251,6 +252,32 @@ impl ServerProc {
             })
             .collect()
     }
+}
+
+/// `GET /metrics` from a `secure-server --metrics ADDR` (HTTP/1.0): the whole response, status
+/// line included, so a failed assertion shows what the server answered.
+pub fn scrape(addr: &str) -> String {
+    let mut stream = TcpStream::connect(addr)
+        .unwrap_or_else(|e| panic!("connect to the metrics endpoint {addr}: {e}"));
+    stream.set_read_timeout(Some(STEP)).expect("read timeout");
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("GET /metrics");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the metrics");
+    response
+}
+
+/// The value of one sample of a [`scrape`]d page, `series` written as the page writes it
+/// (`name{label="value"}`); `None` when the page has no such sample.
+pub fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// A log field rendered with `{:?}` ("\"text\"") back to the text.

@@ -10,12 +10,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use secure_rdma_tests::piped::Piped;
-use secure_rdma_tests::secure::{bin, client_command, Pki, ServerProc};
+use secure_rdma_tests::secure::{bin, client_command, sample, scrape, Pki, ServerProc};
 use secure_rdma_tests::{require_lab, text, wait_with_deadline, ADDR_A};
 
 const STEP: Duration = Duration::from_secs(90);
 /// The promise: a revoked client's session ends within a second of the revocation.
 const REVOCATION_BOUND: Duration = Duration::from_secs(1);
+/// The two tests' `--metrics` addresses (other lab tests use other ports).
+const REVOKE_METRICS: &str = "127.0.0.1:19491";
+const EXPIRE_METRICS: &str = "127.0.0.1:19492";
+/// The samples of `secure_rdma_sessions_ended_by_certificate_total`, one per reason.
+const ENDED_REVOKED: &str =
+    r#"secure_rdma_sessions_ended_by_certificate_total{reason="certificate_revoked"}"#;
+const ENDED_EXPIRED: &str =
+    r#"secure_rdma_sessions_ended_by_certificate_total{reason="certificate_expired"}"#;
+/// The CRL's sample of `secure_rdma_cert_reload_failures_total`.
+const CRL_FAILURES: &str = r#"secure_rdma_cert_reload_failures_total{file="crl"}"#;
 
 /// Waits for `c` to exit; its status and how long that took.
 fn exit_of(c: &mut Piped, deadline: Duration) -> (ExitStatus, Duration) {
@@ -79,7 +89,7 @@ fn a_revoked_client_is_ended_within_a_second_and_stays_refused_when_the_crl_is_d
     require_lab();
     let pki = Pki::new();
     pki.clients(&["alice".to_owned(), "bob".to_owned()]);
-    let server = ServerProc::start(&pki, 4901, &[]);
+    let server = ServerProc::start(&pki, 4901, &["--metrics", REVOKE_METRICS]);
     let port = server.port;
     let mut alice = Piped::secure_client(pki.dir(), port, "alice", 10, &[]);
     let mut bob = Piped::secure_client(pki.dir(), port, "bob", 10, &[]);
@@ -167,6 +177,12 @@ fn a_revoked_client_is_ended_within_a_second_and_stays_refused_when_the_crl_is_d
             .any(|e| e["client"] == "alice" && e["reason"] == "certificate revoked"),
         "the server ended alice's session as revoked: {gone:#?}"
     );
+    // Counted by its reason (before "client gone" was logged, so it is in by now); `certs
+    // revoke` replaced crl.pem in one rename, so no reload failed.
+    let page = scrape(REVOKE_METRICS);
+    assert_eq!(sample(&page, ENDED_REVOKED), Some(1.0), "{page}");
+    assert_eq!(sample(&page, ENDED_EXPIRED), Some(0.0), "{page}");
+    assert_eq!(sample(&page, CRL_FAILURES), Some(0.0), "{page}");
 
     // Her next connect is refused at TLS.
     let again = one_shot(&pki, port, "alice");
@@ -179,6 +195,9 @@ fn a_revoked_client_is_ended_within_a_second_and_stays_refused_when_the_crl_is_d
         .wait_for("the fail-closed warning", 1, STEP, |l| {
             l.contains("the CRL disappeared") && l.contains("fail closed")
         });
+    // The failed reload is counted (the warning is logged after the count).
+    let page = scrape(REVOKE_METRICS);
+    assert_eq!(sample(&page, CRL_FAILURES), Some(1.0), "{page}");
     let after_delete = one_shot(&pki, port, "alice");
     assert_refused_at_tls(&after_delete, "after crl.pem was deleted");
 
@@ -202,7 +221,7 @@ fn a_session_ends_when_its_client_certificate_expires() {
     require_lab();
     let pki = Pki::new();
     pki.clients(&["bob".to_owned()]);
-    let server = ServerProc::start(&pki, 4902, &[]);
+    let server = ServerProc::start(&pki, 4902, &["--metrics", EXPIRE_METRICS]);
     // How long a connection takes here (emulation, a loaded host) sets the validity: long
     // enough to connect and send, short enough to wait for.
     let connecting = Instant::now();
@@ -245,6 +264,9 @@ fn a_session_ends_when_its_client_certificate_expires() {
             .any(|e| e["client"] == "eve" && e["reason"] == "certificate expired"),
         "{gone:#?}"
     );
+    let page = scrape(EXPIRE_METRICS);
+    assert_eq!(sample(&page, ENDED_EXPIRED), Some(1.0), "{page}");
+    assert_eq!(sample(&page, ENDED_REVOKED), Some(0.0), "{page}");
     // Bob's certificate is valid for a year: his session goes on.
     bob.send_acked("bob 1");
     assert!(bob.quit_ok());

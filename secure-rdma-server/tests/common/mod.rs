@@ -13,6 +13,33 @@ pub fn ready_listen(line: &str) -> Option<String> {
     v["listen"].as_str().map(str::to_owned)
 }
 
+/// The message of a JSON log line (`--log-format json`), `None` for a line that is not one.
+pub fn log_message(line: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    log_fields(&v)["message"].as_str().map(str::to_owned)
+}
+
+/// The value of `field` in a JSON log line whose message is `message`.
+pub fn logged(line: &str, message: &str, field: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = log_fields(&v);
+    if fields["message"] != message {
+        return None;
+    }
+    fields[field].as_str().map(str::to_owned)
+}
+
+/// Where a JSON log line keeps its message and fields: nested under `fields` in tracing's
+/// default JSON layout, at the top level when flattened (`rdma-cli`'s logging, which
+/// `secure-server` uses).
+fn log_fields(v: &serde_json::Value) -> &serde_json::Value {
+    if v["fields"].is_object() {
+        &v["fields"]
+    } else {
+        v
+    }
+}
+
 /// The port of [`ready_listen`]'s address.
 pub fn ready_port(line: &str) -> Option<u16> {
     ready_listen(line)?.rsplit(':').next()?.parse().ok()
