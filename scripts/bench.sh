@@ -24,21 +24,24 @@
 #   table.md    medians over the rounds, ours next to the reference, the ratios
 #   plot.svg    latency and bandwidth against size (gnuplot)
 #
-# Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--out DIR]
-#   --quick   1 round, small counts, no hold: a smoke test of the script (minutes)
+# Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--setup-only] [--out DIR]
+#   --quick       1 round, small counts, no hold: a smoke test of the script (minutes)
+#   --setup-only  the connection setup rows only (cmtime, a new connection, an extra lane,
+#                 the warm path), no hold
 # Timings are emulated (qemu TCG): compare the rows with each other, not with
 # hardware. Needs perftest, rdmacm-utils and gnuplot (installed if missing).
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ROUNDS=3 HOLD=1000 QUICK=0 OUT=
+ROUNDS=3 HOLD=1000 QUICK=0 SETUP_ONLY=0 OUT=
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift 2 ;;
         --hold) HOLD=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
+        --setup-only) SETUP_ONLY=1; shift ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -81,10 +84,11 @@ else
     CONNS=20 PROCS=5
     SIZES="64:1000 4096:1000 65536:200 1048576:50"
 fi
+[ "$SETUP_ONLY" = 1 ] && HOLD=0
 
 cat >"$WORK/inside.sh" <<'INNER'
 set -euo pipefail
-# Variables come from the environment: BIN DEV WORK ROUNDS HOLD CONNS PROCS SIZES
+# Variables come from the environment: BIN DEV WORK ROUNDS HOLD CONNS PROCS SIZES SETUP_ONLY
 RAW=$WORK/raw.csv
 echo "round,tool,op,size,protection,metric,value,unit" >"$RAW"
 row() { echo "$1,$2,$3,$4,$5,$6,$7,$8" >>"$RAW"; }
@@ -168,9 +172,15 @@ HS=$!
 "$BIN/secure-server" --listen 10.77.0.1:4802 --certs "$WORK/pki" --max-clients 16 \
     --buffer-size 1048576 --allow-unprotected >"$WORK/bw-server.log" 2>&1 &
 BW=$!
+# The warm server: the connection server's defaults with session resources kept ready (its
+# pool is full again long before the next round: bench connect --warm waits for its own).
+"$BIN/secure-server" --listen 10.77.0.1:4803 --certs "$WORK/pki" --max-clients 16 \
+    --warm-pool 8 >"$WORK/warm-server.log" 2>&1 &
+WS=$!
 listening 4800
 listening 4801
 listening 4802
+listening 4803
 # Warm the neighbour tables (the first rdma_cm address resolution waits for ARP).
 cmtime_total >/dev/null || true
 
@@ -179,6 +189,7 @@ for r in $(seq "$ROUNDS"); do
     total=$(cmtime_total)
     row "$r" cmtime connect 0 none per_connection_us "$total" us
     j=$("${CLIENT[@]/4800/4801}" bench connect -n "$CONNS" --json)
+    COLD=$j
     row "$r" secure-rdma connect 0 protected per_connection_us "$(jq .per_connection_us.mean <<<"$j")" us
     for phase in tcp_tls admission rdma_setup confirmation; do
         row "$r" secure-rdma "connect:$phase" 0 protected per_connection_us "$(jq ".phases_us.$phase.mean" <<<"$j")" us
@@ -187,6 +198,19 @@ for r in $(seq "$ROUNDS"); do
     # Three more lanes on each live session (the server's default cap is 8 per identity).
     j=$("${CLIENT[@]/4800/4801}" bench connect -n "$CONNS" --lanes 4 --json)
     row "$r" secure-rdma connect:extra_lane 0 protected per_connection_us "$(jq .lanes.lane_us.mean <<<"$j")" us
+    # The warm path: both ends keep 8 sessions' resources ready (bench connect --warm).
+    j=$("${CLIENT[@]/4800/4803}" bench connect -n "$CONNS" --warm --json)
+    row "$r" secure-rdma connect:warm 0 protected per_connection_us "$(jq .per_connection_us.mean <<<"$j")" us
+    row "$r" secure-rdma connect:warm_tcp_tls 0 protected per_connection_us "$(jq .phases_us.tcp_tls.mean <<<"$j")" us
+    row "$r" secure-rdma connect:warm_after_tls 0 protected per_connection_us "$(jq .after_tls_us.mean <<<"$j")" us
+    row "$r" secure-rdma connect:warm_connections 0 protected count "$(jq .warm.warm_connections <<<"$j")" n
+    # Cold for comparison in the same round: the same command without the pools.
+    row "$r" secure-rdma connect:cold_after_tls 0 protected per_connection_us "$(jq .after_tls_us.mean <<<"$COLD")" us
+    # Warm lanes: each connection takes four resources (its first QP and three lanes).
+    j=$("${CLIENT[@]/4800/4803}" bench connect -n "$CONNS" --lanes 4 --warm --json)
+    row "$r" secure-rdma connect:warm_extra_lane 0 protected per_connection_us "$(jq .lanes.lane_us.mean <<<"$j")" us
+    row "$r" secure-rdma connect:warm_lanes 0 protected count "$(jq .warm.warm_lanes <<<"$j")" n
+    [ "$SETUP_ONLY" = 1 ] && continue
     row "$r" rping process 64 none ms "$(process_ms timeout 60 rping -c -a 10.77.0.1 -p $RPING_PORT -C 1 -S 64)" ms
     row "$r" secure-rdma process 64 protected ms \
         "$(process_ms "${CLIENT[@]/4800/4801}" -e "send $(printf 'p%.0s' $(seq 64))" -e quit)" ms
@@ -234,6 +258,7 @@ for r in $(seq "$ROUNDS"); do
 done
 kill -INT $SERVER; wait $SERVER || true
 kill -INT $BW; wait $BW || true
+kill -INT $WS; wait $WS || true
 kill $RPING 2>/dev/null; wait $RPING 2>/dev/null || true
 
 if [ "$HOLD" -gt 0 ]; then
@@ -263,7 +288,7 @@ INNER
 echo "bench.sh: $ROUNDS round(s) in the VM" >&2
 # The variables travel in the command line (env ...): the VM starts from a clean environment.
 bash "$ROOT/scripts/softroce-vm.sh" \
-    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
+    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD SETUP_ONLY=$SETUP_ONLY CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
 python3 "$ROOT/scripts/bench-report.py" "$OUT/raw.csv" "$OUT"
 echo "bench.sh: $OUT/raw.csv, $OUT/table.md, $OUT/plot.svg" >&2

@@ -344,10 +344,19 @@ impl WarmPools {
                     if pools.len() >= Self::MAX_POOLS {
                         return None;
                     }
+                    // A CQ's completion channel is registered with the tokio runtime that
+                    // will poll it: the refill thread makes them inside the caller's runtime.
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                        tracing::warn!("no tokio runtime to register warm resources with; connections make their own");
+                        return None;
+                    };
                     let (device, sgid, config) = (Arc::clone(device), sgid.clone(), *config);
                     match WarmPool::new(
                         self.per_pool,
-                        move || Resources::new(&device, sgid.clone(), &config),
+                        move || {
+                            let _runtime = runtime.enter();
+                            Resources::new(&device, sgid.clone(), &config)
+                        },
                         Resources::is_ready,
                     ) {
                         Ok(p) => {
