@@ -872,9 +872,6 @@ impl Prepared {
         config: SessionConfig,
     ) -> Result<Prepared, SessionError> {
         let started = std::time::Instant::now();
-        if config.protected != secrets.protection.is_some() {
-            return Err(SessionError::ProtectionMismatch);
-        }
         let resources = Resources::new(device, sgid, &config)?;
         Self::assemble(resources, secrets, config, started)
     }
@@ -887,14 +884,10 @@ impl Prepared {
         secrets: Secrets,
         config: SessionConfig,
     ) -> Result<Prepared, SessionError> {
-        let started = std::time::Instant::now();
-        if config.protected != secrets.protection.is_some() {
-            return Err(SessionError::ProtectionMismatch);
-        }
         if resources.shape != config.shape() {
             return Err(SessionError::ShapeMismatch);
         }
-        Self::assemble(resources, secrets, config, started)
+        Self::assemble(resources, secrets, config, std::time::Instant::now())
     }
 
     fn assemble(
@@ -904,6 +897,9 @@ impl Prepared {
         started: std::time::Instant,
     ) -> Result<Prepared, SessionError> {
         let Secrets { tokens, protection } = secrets;
+        if config.protected != protection.is_some() {
+            return Err(SessionError::ProtectionMismatch);
+        }
         let Resources {
             window,
             qp,

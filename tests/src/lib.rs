@@ -125,6 +125,19 @@ pub fn wait_until(
     }
 }
 
+/// A child process killed (and reaped) when this is dropped, so a failing test leaves no
+/// server, monitor or flooder behind.
+pub struct Killed(pub Option<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Starts a command with piped stdout/stderr.
 pub fn spawn(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::null())

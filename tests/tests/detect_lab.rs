@@ -14,12 +14,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use secure_rdma_tests::secure::{bin, Lines};
 use secure_rdma_tests::{
-    require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline, TestCgroup, ADDR_A,
+    require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline, Killed, TestCgroup,
+    ADDR_A,
 };
 use serde_json::Value;
 
@@ -44,18 +45,6 @@ const TCG_MARGIN: Duration = Duration::from_secs(1);
 /// counts by 1.4-1.8 s. Bound, printed, not promised (README says so).
 const EVENT_LAG: Duration = Duration::from_secs(4);
 const METRICS_ADDR: &str = "127.0.0.1:9471";
-
-/// Kills a child that the test did not wait for (a failed assertion).
-struct Killed(Option<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// The `noisy_tenant` object of a JSON line, if it is one.
 fn transition(line: &str) -> Option<Value> {

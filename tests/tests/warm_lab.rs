@@ -12,13 +12,13 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
 use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, wait_until, wait_with_deadline};
+use secure_rdma_tests::{require_lab, wait_until, wait_with_deadline, Killed};
 
 /// Resources each end keeps ready.
 const POOL: usize = 4;
@@ -30,17 +30,6 @@ const STEP: Duration = Duration::from_secs(120);
 const REFILL: &str = "warm-refill";
 /// The verbs that make a session's resources.
 const CREATES: [&str; 3] = ["QP_CREATE", "CQ_CREATE", "MR_REG"];
-
-struct Killed(Option<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// One `{"event": …}` line of `rdma-monitor --events --json`: (pid, comm, verb).
 fn event(line: &str) -> Option<(u64, String, String)> {
