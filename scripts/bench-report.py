@@ -200,7 +200,10 @@ plot {", ".join(plots["bw"])}
 unset multiplot
 """
     (out / "plot.gp").write_text(script)
-    subprocess.run(["gnuplot", str(out / "plot.gp")], check=True)
+    if sizes:
+        subprocess.run(["gnuplot", str(out / "plot.gp")], check=True)
+    else:
+        print("bench-report: no latency or bandwidth rows (--setup-only): no plot", file=sys.stderr)
     print((out / "table.md").read_text())
     return 0
 

@@ -287,7 +287,9 @@ INNER
 
 echo "bench.sh: $ROUNDS round(s) in the VM" >&2
 # The variables travel in the command line (env ...): the VM starts from a clean environment.
-bash "$ROOT/scripts/softroce-vm.sh" \
+# Three full rounds take about 20 minutes under TCG on an idle host: the VM's 15-minute default
+# limit is raised (and can be set).
+VM_TIMEOUT=${VM_TIMEOUT:-3600} bash "$ROOT/scripts/softroce-vm.sh" \
     "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD SETUP_ONLY=$SETUP_ONLY CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
 python3 "$ROOT/scripts/bench-report.py" "$OUT/raw.csv" "$OUT"

@@ -218,6 +218,12 @@ where
     M: FnMut() -> Result<T, E>,
     E: std::fmt::Display,
 {
+    // The refill is never urgent (a connection that finds no ready set makes its own), and on
+    // a machine whose cores are busy it would take them from the connections it works for:
+    // this thread alone runs at nice 10 (Linux's nice is per thread). Best effort: a failure
+    // leaves it at the process's priority.
+    // SAFETY: setpriority reads no memory of ours; it changes only this thread's priority.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
     let mut backoff = FIRST_BACKOFF;
     let mut state = shared.lock();
     loop {

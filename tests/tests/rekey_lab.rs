@@ -112,18 +112,28 @@ fn rotations_by_bytes(n: u64, len: u64, bytes: u64) -> u64 {
     n.div_ceil(per_key) - 1
 }
 
-/// Issue 21, test 2 (a): 100,000 operations with the keys rotating every 100 messages: every
-/// operation delivered exactly once, in order, across 999 switches each way.
+/// Issue 21, test 2 (a): a long stream with the keys rotating every 100 messages: every
+/// operation delivered exactly once, in order, across a switch every 100 messages each way.
+/// `REKEY_LAB_OPS` operations (the issue's 100,000: 999 switches each way, 15 to 17 minutes of
+/// the debug build under TCG, measured twice); 20,000 by default (199 switches each way, a
+/// fifth of that), so the whole VM suite fits CI's time.
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
-fn a_100000_operation_stream_rekeyed_every_100_messages_arrives_exactly_once_in_order() {
+fn a_long_stream_rekeyed_every_100_messages_arrives_exactly_once_in_order() {
     require_lab();
-    const OPS: u64 = 100_000;
+    let ops: u64 = match std::env::var("REKEY_LAB_OPS") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| *n >= 200 && n % 100 == 0)
+            .unwrap_or_else(|| panic!("REKEY_LAB_OPS={v}: a multiple of 100, at least 200")),
+        Err(_) => 20_000,
+    };
     let pki = Pki::new();
     pki.clients(&[NAME.to_owned()]);
     let server = server(&pki, 4781, &["--rekey-after", "100"]);
     let spec = StreamSpec {
-        ops: OPS,
+        ops,
         rate: 0.0,
         window: 16,
         burst: 1,
@@ -132,13 +142,13 @@ fn a_100000_operation_stream_rekeyed_every_100_messages_arrives_exactly_once_in_
     let outcome = stream(&pki, &server, &spec, Duration::from_secs(1800));
     let (send, receive, server) = stop_and_count_rotations(server);
     eprintln!(
-        "rekey every 100 messages: {OPS} operations in {:.1} s ({:.0}/s), rotations: server send {send}, receive {receive}",
+        "rekey every 100 messages: {ops} operations in {:.1} s ({:.0}/s), rotations: server send {send}, receive {receive}",
         outcome.summary.elapsed_s, outcome.summary.throughput_per_s
     );
-    // The client sealed 100,000 operations, 100 per key: epochs 0 ..= 999. The server sealed
+    // The client sealed `ops` operations, 100 per key: epochs 0 ..= ops/100 - 1. The server sealed
     // one acknowledgement per operation (stream-client asks for them over RDMA): the same.
-    assert_eq!(receive, OPS / 100 - 1, "{}", server.context());
-    assert_eq!(send, OPS / 100 - 1, "{}", server.context());
+    assert_eq!(receive, ops / 100 - 1, "{}", server.context());
+    assert_eq!(send, ops / 100 - 1, "{}", server.context());
     assert_eq!(server.auth_failures(), 0);
 }
 
