@@ -189,7 +189,7 @@ fn burst(port: u16, metrics_port: u16, warm: bool) -> Burst {
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn a_burst_of_ten_times_the_pool_makes_no_resource_on_a_warm_connections_path() {
-    let b = burst(4597, 9597, true);
+    let b = burst(4611, 9611, true);
     let warm = &b.report["warm"];
     eprintln!(
         "warm burst: {BURST} connections, pool {POOL}: {warm}; after TCP + TLS {} us; server \
@@ -236,7 +236,7 @@ fn a_burst_of_ten_times_the_pool_makes_no_resource_on_a_warm_connections_path() 
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn without_the_pools_every_connection_makes_its_resources_on_its_path() {
-    let b = burst(4598, 9598, false);
+    let b = burst(4612, 9612, false);
     eprintln!(
         "cold burst: {BURST} connections; after TCP + TLS {} us; server setups (warm, cold) \
          {:?}\nserver calls {:?}\nclient calls {:?}",
