@@ -171,6 +171,11 @@ fn a_revoked_client_is_ended_within_a_second_and_stays_refused_when_the_crl_is_d
         "alice reconnected\n{}",
         alice.context()
     );
+    // The server logs "client gone" once the session's resources are freed, which may come
+    // after the client has exited (seen in CI: the check ran first and found no line).
+    server.log.wait_for("alice's session freed", 1, STEP, |l| {
+        l.contains("client gone") && l.contains("alice")
+    });
     let gone = server.events("client gone; its PD, CQs, MRs and QP are freed");
     assert!(
         gone.iter()
@@ -258,6 +263,10 @@ fn a_session_ends_when_its_client_certificate_expires() {
         .snapshot()
         .iter()
         .any(|l| l.starts_with("reconnected")));
+    // As above: the server's "client gone" may follow the client's exit.
+    server.log.wait_for("eve's session freed", 1, STEP, |l| {
+        l.contains("client gone") && l.contains("eve")
+    });
     let gone = server.events("client gone; its PD, CQs, MRs and QP are freed");
     assert!(
         gone.iter()
