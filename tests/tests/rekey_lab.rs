@@ -115,8 +115,8 @@ fn rotations_by_bytes(n: u64, len: u64, bytes: u64) -> u64 {
 /// Issue 21, test 2 (a): a long stream with the keys rotating every 100 messages: every
 /// operation delivered exactly once, in order, across a switch every 100 messages each way.
 /// `REKEY_LAB_OPS` operations (the issue's 100,000: 999 switches each way, 15 to 17 minutes of
-/// the debug build under TCG, measured twice); 20,000 by default (199 switches each way, a
-/// fifth of that), so the whole VM suite fits CI's time.
+/// the debug build under TCG on a loaded host, measured twice); 20,000 by default (199 switches
+/// each way; 47 s on an idle host), so the whole VM suite keeps a margin to CI's time.
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn a_long_stream_rekeyed_every_100_messages_arrives_exactly_once_in_order() {
