@@ -695,22 +695,19 @@ impl Session {
 /// the first half of [`Session::establish`], and of a lane ([`crate::lanes`]), whose
 /// endpoints travel in other messages.
 pub struct Prepared {
-    window: Option<Arc<MemoryWindow>>,
-    qp: QueuePair<crate::verbs::Init>,
-    send_mr: Arc<MemoryRegion>,
-    recv_mr: Arc<MemoryRegion>,
-    data_mr: Option<Arc<MemoryRegion>>,
+    resources: Resources,
     protection: Option<Protection>,
     tokens: Tokens,
     local: Endpoint,
     config: SessionConfig,
-    slot_len: usize,
     started: std::time::Instant,
 }
 
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared").field("qp", &self.qp).finish()
+        f.debug_struct("Prepared")
+            .field("qp", &self.resources.qp)
+            .finish()
     }
 }
 
@@ -900,35 +897,22 @@ impl Prepared {
         if config.protected != protection.is_some() {
             return Err(SessionError::ProtectionMismatch);
         }
-        let Resources {
-            window,
-            qp,
-            send_mr,
-            recv_mr,
-            data_mr,
-            sgid,
-            mtu,
-            shape,
-        } = resources;
-        let buffer = match (&window, &data_mr) {
+        let buffer = match (&resources.window, &resources.data_mr) {
             (Some(w), Some(mr)) => Some(w.remote(mr)),
             (None, Some(mr)) => Some(mr.remote()),
             _ => None,
         };
         let local = Endpoint {
-            gid: sgid.gid,
-            qpn: qp.qpn(),
+            gid: resources.sgid.gid,
+            qpn: resources.qp.qpn(),
             // Drawn for this session alone, whenever its QP was made.
             psn: Psn::random(),
-            mtu,
+            mtu: resources.mtu,
             buffer,
         };
+        let shape = resources.shape;
         Ok(Prepared {
-            window,
-            qp,
-            send_mr,
-            recv_mr,
-            data_mr,
+            resources,
             protection,
             tokens,
             local,
@@ -938,7 +922,6 @@ impl Prepared {
                 write_slots: shape.write_slots,
                 ..config
             },
-            slot_len: shape.slot_len,
             started,
         })
     }
@@ -953,18 +936,23 @@ impl Prepared {
     /// the peer hears we are ready. The tokens are exchanged next ([`Unconfirmed::confirm`]).
     pub async fn connect(self, remote: Endpoint) -> Result<Unconfirmed, SessionError> {
         let Prepared {
+            resources,
+            protection,
+            tokens,
+            local,
+            config,
+            started,
+        } = self;
+        let Resources {
             window,
             qp,
             send_mr,
             recv_mr,
             data_mr,
-            protection,
-            tokens,
-            local,
-            config,
-            slot_len,
-            started,
-        } = self;
+            shape,
+            ..
+        } = resources;
+        let slot_len = shape.slot_len;
         if let Some(address) = config.peer_address {
             // RoCEv2 traffic comes from the GID's address: a peer announcing another host's GID
             // would have us send to (and accept packets from) somebody else.
