@@ -18,12 +18,21 @@
 #   bypass (QP churn through a private libibverbs: the interceptor never sees it),
 #   hoard (creates up to 5000 CQs per device, or until refused, and holds them; the victim
 #   is measured once both hold theirs, or after 60 s at most).
-# Last, the collector's CPU under a refused flood: a CQ churn in fail mode for SECONDS.
+# Detection: rdma-monitor runs through it all (--flag-rate FLAG_RATE --flag-window
+# FLAG_WINDOW --flag-by cgroup); each row records how long after its floods started (their
+# first loop, by their own clock) the monitor flagged the cgroup "/flood", and whether it ever
+# flagged the victim's. Each row also records how many requests the collector served.
+# Last, the collector's CPU under a refused flood: a CQ churn in fail mode, measured over
+# SECONDS after a 3 s warm-up (the collector's first requests page its code in).
+# The binaries run from a copy on the VM's tmpfs, not the 9p mount, so that paging code in
+# over 9p under emulation is not charged to whichever process runs it first.
 #
 # Writes into --out DIR (default target/bench-isolation/):
 #   raw.csv    every measurement: kind,layer,metric,value,unit
 #   table.md   the victim per row with ratios to alone, the floods' rates, the collector
 #   plot.svg   the victim's ratios per row (gnuplot)
+# and checks the goals of issue 23 (see README, "Noisy neighbours"): it exits 3 when one is
+# missed, after writing all three, and 0 when all are met.
 #
 # Usage: scripts/bench-isolation.sh [options]
 #   --connections N  connections per setup measurement (default 200)
@@ -32,19 +41,23 @@
 #   --layers LIST    layers, comma-separated (default none,intercept,cgroup,cpu)
 #   --rate N         the interceptor's rate limit per verb, calls/s (default 20)
 #   --cpu-max PCT    the cpu controller's cap for the floods, % of one core (default 10)
+#   --flag-rate N    rdma-monitor's noisy-tenant threshold, calls/s (default 2000)
+#   --flag-window S  how long a rate must last to be flagged, seconds (default 0.5)
 #   --out DIR        output directory
 #   --release        build and measure the release binaries (default: the dev build)
-# About 15 minutes in the VM with the defaults. Timings are emulated (qemu TCG) and the host's
+# Exit codes: 0 all goals met, 1 the measurement failed, 2 usage, 3 a goal missed.
+# About 25 minutes in the VM with the defaults. Timings are emulated (qemu TCG) and the host's
 # CPU may be shared: read the ratios to alone, not the absolute values.
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CONNECTIONS=200 SECONDS_REFUSED=10 KINDS=cq,qp,mr:4096,mr:1048576,pd,bypass,hoard
-LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug
+LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug FLAG_RATE=2000
+FLAG_WINDOW=0.5
 die() { echo "bench-isolation.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
-        --connections|--seconds|--kinds|--layers|--rate|--cpu-max|--out)
+        --connections|--seconds|--kinds|--layers|--rate|--cpu-max|--out|--flag-rate|--flag-window)
             [ $# -ge 2 ] || die "$1 needs a value (see --help)"
             case $1 in
                 --connections) CONNECTIONS=$2 ;;
@@ -54,20 +67,27 @@ while [ $# -gt 0 ]; do
                 --rate) RATE=$2 ;;
                 --cpu-max) CPU_MAX=$2 ;;
                 --out) OUT=$2 ;;
+                --flag-rate) FLAG_RATE=$2 ;;
+                --flag-window) FLAG_WINDOW=$2 ;;
             esac
             shift 2 ;;
         --release) PROFILE=release; shift ;;
-        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^$/p' "$0" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
-for pair in "--connections:$CONNECTIONS" "--seconds:$SECONDS_REFUSED" "--rate:$RATE" "--cpu-max:$CPU_MAX"; do
+for pair in "--connections:$CONNECTIONS" "--seconds:$SECONDS_REFUSED" "--rate:$RATE" "--cpu-max:$CPU_MAX" \
+    "--flag-rate:$FLAG_RATE"; do
     v=${pair#*:}
     if ! [[ $v =~ ^[0-9]+$ ]] || [ "$v" -lt 1 ]; then
         die "${pair%%:*} $v: expected a whole number of at least 1"
     fi
 done
 [ "$CPU_MAX" -le 100 ] || die "--cpu-max $CPU_MAX: a percentage of one core, 1 to 100"
+if ! [[ $FLAG_WINDOW =~ ^[0-9]+(\.[0-9]+)?$ ]] ||
+    ! awk -v w="$FLAG_WINDOW" 'BEGIN { exit !(w >= 0.1 && w <= 3600) }'; then
+    die "--flag-window $FLAG_WINDOW: expected seconds, 0.1 to 3600 (rdma-monitor's range)"
+fi
 for k in ${KINDS//,/ }; do
     case $k in
         cq|qp|pd|bypass|hoard) ;;
@@ -98,7 +118,7 @@ echo "bench-isolation.sh: building ($PROFILE)" >&2
 flag=()
 [ "$PROFILE" = release ] && flag=(--release)
 cargo build -q "${flag[@]}" -p secure-rdma-server -p secure-rdma-client -p rdma-collector \
-    -p rdma-intercept
+    -p rdma-intercept -p rdma-monitor
 cargo build -q "${flag[@]}" -p secure-rdma-tests --bin verbs-churn
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=$TARGET/$PROFILE
@@ -111,7 +131,16 @@ chmod 755 "$WORK"
 cat >"$WORK/inside.sh" <<'INNER'
 set -euo pipefail
 # From the environment: BIN WORK CONNECTIONS SECONDS_REFUSED KINDS LAYERS RATE CPU_MAX
+# FLAG_RATE FLAG_WINDOW
 RAW=$WORK/raw.csv
+# The binaries from tmpfs (see the header), the collector's socket and the monitor's output
+# there too: the repository is a 9p mount, where a Unix socket cannot be bound (ENXIO).
+TMP=$(mktemp -d /tmp/bench-isolation.XXXXXX)
+for b in secure-server secure-client rdma-collector rdma-monitor verbs-churn librdma_intercept.so; do
+    cp "$BIN/$b" "$TMP/"
+done
+BIN=$TMP
+SOCK_DIR=$TMP
 echo "kind,layer,metric,value,unit" >"$RAW"
 row() { echo "$1,$2,$3,$4,$5" >>"$RAW"; }
 CG=/sys/fs/cgroup
@@ -165,28 +194,61 @@ victim() { # kind layer
     fi
 }
 
-cpu_ticks() { # pid: utime + stime in clock ticks
-    awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+cpu_ms() { # pid: the CPU time of all its threads, in ms, from the scheduler's own count
+    # (utime + stime are sampled at the tick, and a process that wakes often beside busy
+    # floods is over-charged by that sampling)
+    cat "/proc/$1"/task/*/schedstat | awk '{ ns += $1 } END { printf "%d", ns / 1e6 }'
 }
 COLLECTOR=
-# The collector's socket on the VM's tmpfs: the repository is a 9p mount, where a Unix socket
-# cannot be bound (ENXIO).
-SOCK_DIR=$(mktemp -d /tmp/bench-isolation.XXXXXX)
 start_collector() {
     "$BIN/rdma-collector" --socket "$SOCK_DIR/collector.sock" --limit "QP_CREATE=$RATE" \
         --limit "CQ_CREATE=$RATE" --limit "MR_REG=$RATE" --limit "PD_ALLOC=$RATE" \
-        --limit "CQ_COUNT=$HOARD_LIMIT" >"$WORK/collector.log" 2>&1 &
+        --limit "CQ_COUNT=$HOARD_LIMIT" >"$TMP/collector.log" 2>&1 &
     COLLECTOR=$!
     for _ in $(seq 300); do
         [ -S "$SOCK_DIR/collector.sock" ] && return 0
         sleep 0.1
     done
-    echo "bench: the collector never listened" >&2; cat "$WORK/collector.log" >&2; return 1
+    echo "bench: the collector never listened" >&2; cat "$TMP/collector.log" >&2; return 1
 }
-stop_collector() {
+stop_collector() { # kind layer: the requests it served, from its activity lines
     kill -TERM "$COLLECTOR"; wait "$COLLECTOR" || true
     rm -f "$SOCK_DIR/collector.sock"
     COLLECTOR=
+    row "$1" "$2" collector_requests "$(sed -n 's/.*activity:.* requests=\([0-9]*\).*/\1/p' "$TMP/collector.log" |
+        awk '{ n += $1 } END { print n + 0 }')" requests
+    cat "$TMP/collector.log" >>"$WORK/collector.log"
+}
+
+# rdma-monitor, flagging noisy cgroups, through the whole run.
+"$BIN/rdma-monitor" --json --interval 1 --flag-rate "$FLAG_RATE" --flag-window "$FLAG_WINDOW" \
+    --flag-by cgroup >"$TMP/monitor.json" 2>"$WORK/monitor.err" &
+MONITOR=$!
+for i in $(seq 600); do
+    grep -q '"live"' "$TMP/monitor.json" && break
+    [ "$i" = 600 ] && { echo "bench: rdma-monitor made no report in 60 s: $(cat "$WORK/monitor.err")" >&2; exit 1; }
+    sleep 0.1
+done
+# The monitor's noisy-tenant decisions about a cgroup: "change time_unix_s" lines.
+flags_of() { # cgroup path
+    jq -rR --arg cg "$1" 'fromjson? | .noisy_tenant? // empty
+        | select(.kind == "cgroup" and .name == $cg) | "\(.change) \(.time_unix_s)"' "$TMP/monitor.json"
+}
+# The floods' start: the earliest "churning on ... at T" of the two.
+flood_start() {
+    sed -n 's/^verbs-churn: churning on .* at \([0-9.]*\)$/\1/p' "$WORK"/flood-rxe-*.err | sort -n | head -n 1
+}
+detection() { # kind layer start: seconds from start to the flag, if flagged; waits for it to end
+    local t i
+    t=$(flags_of /flood | awk -v t0="$3" '$1 == "started" && $2 >= t0 { printf "%.3f", $2 - t0; exit }')
+    if [ -n "$t" ]; then
+        row "$1" "$2" detected_after "$t" s
+        # The next row's flood must start unflagged: wait for "ended" (a window of quiet).
+        for i in $(seq 300); do
+            flags_of /flood | tail -n 1 | grep -q '^ended' && break
+            sleep 0.1
+        done
+    fi
 }
 
 FLOODS=()
@@ -237,7 +299,6 @@ stop_floods() { # kind layer
     return 0
 }
 
-HZ=$(getconf CLK_TCK)
 measure() { # kind layer
     local kind=$1 layer=$2 t0 c0 t1 c1 th0 th1
     echo "bench: $kind / $layer" >&2
@@ -254,16 +315,19 @@ measure() { # kind layer
     esac
     th0=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' $CG/flood/cpu.stat)
     start_floods "$kind" "$layer"
+    local started
+    started=$(flood_start)
     t0=$(date +%s%N)
-    [ -n "$COLLECTOR" ] && c0=$(cpu_ticks "$COLLECTOR")
+    [ -n "$COLLECTOR" ] && c0=$(cpu_ms "$COLLECTOR")
     victim "$kind" "$layer"
     t1=$(date +%s%N)
     if [ -n "$COLLECTOR" ]; then
-        c1=$(cpu_ticks "$COLLECTOR")
-        row "$kind" "$layer" collector_cpu "$(awk -v c=$((c1 - c0)) -v hz=$HZ -v ns=$((t1 - t0)) 'BEGIN { printf "%.2f", 100 * c / hz / (ns / 1e9) }')" "% of a core"
+        c1=$(cpu_ms "$COLLECTOR")
+        row "$kind" "$layer" collector_cpu "$(awk -v c=$((c1 - c0)) -v ns=$((t1 - t0)) 'BEGIN { printf "%.2f", 100 * c / (ns / 1e6) }')" "% of a core"
     fi
     stop_floods "$kind" "$layer"
-    [ -n "$COLLECTOR" ] && stop_collector
+    [ -n "$COLLECTOR" ] && stop_collector "$kind" "$layer"
+    [ -n "$started" ] && detection "$kind" "$layer" "$started"
     th1=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' $CG/flood/cpu.stat)
     if [ "$layer" = cpu ]; then
         set -- $th0 $th1
@@ -284,24 +348,31 @@ done
 victim alone-again none
 
 # The collector's CPU under a refused flood: a CQ churn in fail mode (every refusal after
-# the first of each token is answered by the interceptor), over SECONDS_REFUSED, with the
-# idle collector's over the same time as the baseline.
+# the first of each token is answered by the interceptor), over SECONDS_REFUSED after a 3 s
+# warm-up, with the idle collector's over the same time as the baseline.
 echo "bench: the collector under a refused flood" >&2
 start_collector
-c0=$(cpu_ticks "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ticks "$COLLECTOR")
-row refused intercept-fail collector_idle_cpu "$(awk -v c=$((c1 - c0)) -v hz=$HZ -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / hz / s }')" "% of a core"
+c0=$(cpu_ms "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ms "$COLLECTOR")
+row refused intercept-fail collector_idle_cpu "$(awk -v c=$((c1 - c0)) -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / (s * 1000) }')" "% of a core"
 start_floods cq intercept fail
-c0=$(cpu_ticks "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ticks "$COLLECTOR")
-row refused intercept-fail collector_cpu "$(awk -v c=$((c1 - c0)) -v hz=$HZ -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / hz / s }')" "% of a core"
+sleep 3
+c0=$(cpu_ms "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ms "$COLLECTOR")
+row refused intercept-fail collector_cpu "$(awk -v c=$((c1 - c0)) -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / (s * 1000) }')" "% of a core"
 stop_floods refused intercept-fail
-stop_collector
+stop_collector refused intercept-fail
 kill -INT $SERVER; wait $SERVER || true
+row victim monitor victim_flagged "$(flags_of /victim | grep -c '^started' || true)" times
+kill -INT $MONITOR; wait $MONITOR || true
+cp "$TMP/monitor.json" "$WORK/monitor.json"
 INNER
 
 echo "bench-isolation.sh: measuring in the VM" >&2
 # The VM's own time limit: generous, the measurements are bounded by the options above.
 VM_TIMEOUT=${VM_TIMEOUT:-3600} bash "$ROOT/scripts/softroce-vm.sh" \
-    "env BIN=$BIN WORK=$WORK CONNECTIONS=$CONNECTIONS SECONDS_REFUSED=$SECONDS_REFUSED KINDS=$KINDS LAYERS=$LAYERS RATE=$RATE CPU_MAX=$CPU_MAX bash $WORK/inside.sh"
+    "env BIN=$BIN WORK=$WORK CONNECTIONS=$CONNECTIONS SECONDS_REFUSED=$SECONDS_REFUSED KINDS=$KINDS LAYERS=$LAYERS RATE=$RATE CPU_MAX=$CPU_MAX FLAG_RATE=$FLAG_RATE FLAG_WINDOW=$FLAG_WINDOW bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
-python3 "$ROOT/scripts/bench-isolation-report.py" "$OUT/raw.csv" "$OUT"
+cp "$WORK/monitor.json" "$WORK/collector.log" "$OUT/" 2>/dev/null || true
+report_rc=0
+python3 "$ROOT/scripts/bench-isolation-report.py" "$OUT/raw.csv" "$OUT" || report_rc=$?
 echo "bench-isolation.sh: $OUT/raw.csv, $OUT/table.md, $OUT/plot.svg" >&2
+exit "$report_rc"

@@ -33,6 +33,9 @@ fn help_names_the_layers_the_kinds_and_the_options() {
         "cpu.max",
         "bypass",
         "hoard",
+        "--flag-rate",
+        "--flag-window",
+        "exits 3",
     ] {
         assert!(help.contains(word), "--help lacks {word}:\n{help}");
     }
@@ -51,11 +54,94 @@ fn wrong_arguments_are_refused_with_exit_code_2_and_a_reason() {
         (&["--layers", "none,ebpf"][..], "unknown layer ebpf"),
         (&["--rounds", "3"][..], "unknown argument --rounds"),
         (&["--out"][..], "--out needs a value"),
+        (&["--flag-rate", "0"][..], "--flag-rate 0"),
+        (&["--flag-window", "0.05"][..], "--flag-window 0.05"),
+        (&["--flag-window", "soon"][..], "--flag-window soon"),
     ] {
         let out = script(args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?} printed {:?}", out.stdout);
+    }
+}
+
+/// Runs the report on `rows` (raw.csv without its header) in a fresh directory: its exit
+/// code and table.md.
+fn report(rows: &str) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let raw = dir.path().join("raw.csv");
+    std::fs::write(&raw, format!("kind,layer,metric,value,unit\n{rows}")).expect("raw.csv");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench-isolation-report.py");
+    let out = Command::new("python3")
+        .arg(path)
+        .arg(&raw)
+        .arg(dir.path())
+        .output()
+        .expect("run python3");
+    let table = std::fs::read_to_string(dir.path().join("table.md")).unwrap_or_default();
+    (
+        out.status.code(),
+        table,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const ALONE: &str = "alone,none,setup_p50,10,ms
+alone,none,setup_p99,20,ms
+alone,none,send64_p99,100,us
+alone,none,write64k_bw,10,MB/s
+";
+
+/// The victim's rows under an enforced churn flood and the collector's: all within the goals.
+fn enforced(p50: f64, detected: f64, collector: f64) -> String {
+    format!(
+        "{ALONE}cq,none,setup_p50,30,ms
+cq,none,setup_p99,60,ms
+cq,none,write64k_bw,5,MB/s
+cq,none,flood_cycles_per_s,3000,1/s
+cq,none,detected_after,{detected},s
+cq,intercept,setup_p50,{p50},ms
+cq,intercept,setup_p99,30,ms
+cq,intercept,write64k_bw,9,MB/s
+cq,intercept,flood_cycles_per_s,20,1/s
+cq,intercept,collector_requests,120,requests
+refused,intercept-fail,collector_cpu,{collector},% of a core
+refused,intercept-fail,collector_requests,400,requests
+victim,monitor,victim_flagged,0,times
+"
+    )
+}
+
+#[test]
+fn the_report_exits_0_when_every_goal_is_met_and_3_naming_each_miss() {
+    let (code, table, err) = report(&enforced(12.0, 0.8, 1.5));
+    assert_eq!(code, Some(0), "{err}\n{table}");
+    assert!(table.contains("All judged goals met."), "{table}");
+    assert!(table.contains("| 0.80 s |"), "{table}");
+    assert!(
+        table.contains("| 120 |"),
+        "the collector's requests: {table}"
+    );
+    // The victim's own cgroup row and the refused flood are notes, not rows of the table.
+    assert!(!table.contains("| victim |"), "{table}");
+
+    for (rows, says) in [
+        (enforced(14.0, 0.8, 1.5), "cq/intercept: miss: p50 > 1.3x"),
+        (enforced(12.0, 1.4, 1.5), "cq/none: miss: detection > 1 s"),
+        (
+            enforced(12.0, 0.8, 22.4),
+            "the collector under a refused flood: 22.4 %",
+        ),
+        (
+            enforced(12.0, 0.8, 1.5).replace("cq,none,detected_after,0.8,s\n", ""),
+            "cq/none: miss: not detected",
+        ),
+    ] {
+        let (code, table, err) = report(&rows);
+        assert_eq!(code, Some(3), "{says}: {err}\n{table}");
+        assert!(table.contains(says), "{says}:\n{table}");
+        assert!(err.contains("goal(s) missed"), "{says}: {err}");
     }
 }

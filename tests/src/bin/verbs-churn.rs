@@ -281,9 +281,13 @@ fn run(args: &Args) -> Result<()> {
             0
         }
     ];
-    // Tells a test the flood is on (the device is open, the loop starts).
+    // Tells a test the flood is on (the device is open, the loop starts), and when, for
+    // whoever measures how long a monitor takes to notice it (bench-isolation.sh).
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     eprintln!(
-        "verbs-churn: churning on {} ({:?}{})",
+        "verbs-churn: churning on {} ({:?}{}) at {unix_now:.3}",
         args.device,
         args.kind,
         if args.bypass { ", bypass" } else { "" }
