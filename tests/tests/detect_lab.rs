@@ -10,6 +10,10 @@
 //! user ride on the per-call event stream, which lags under CPU starvation,
 //! and get a printed, looser bound.
 //!
+//! secure-server's own side of it: its setup watch (`--setup-slow-factor`) warns, and sets
+//! `secure_rdma_setup_slow`, when its sessions' RDMA setup slows beside two such floods, once,
+//! and says so again when the floods stop; calm connections before and after raise nothing.
+//!
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
 use std::io::{Read, Write};
@@ -17,7 +21,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{bin, Lines};
+use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
     require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline, Killed, TestCgroup,
     ADDR_A,
@@ -413,4 +417,121 @@ fn a_flooding_cgroup_process_and_user_are_flagged_within_a_second_of_the_window_
         );
     }
     drop(quiet_server);
+}
+
+/// `secure-client bench connect -n n` against `server`: the median setup per connection, ms.
+fn bench_connect(pki: &Pki, server: &ServerProc, n: usize) -> f64 {
+    let out = client(pki, server, Some("victim"))
+        .args(["bench", "connect", "-n", &n.to_string(), "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run secure-client bench connect");
+    assert!(out.status.success(), "bench connect: {}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bench connect's report: {e}: {}", text(&out.stdout)));
+    report["per_connection_us"]["p50"]
+        .as_f64()
+        .expect("per_connection_us.p50")
+        / 1000.0
+}
+
+/// A metric's value in the exposition at `addr` (`name` followed by a space).
+fn metric(addr: &str, name: &str) -> Option<f64> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut r = String::new();
+    s.read_to_string(&mut r).ok()?;
+    r.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn secure_server_warns_once_when_its_setup_slows_beside_a_flood_and_once_when_it_recovers() {
+    require_lab();
+    const N: usize = 20;
+    const METRICS: &str = "127.0.0.1:9621";
+    let pki = Pki::new();
+    pki.clients(&["victim".to_owned()]);
+    // Slow at 1.5x the calm median of 10 sessions: floods like the ones below made the whole
+    // setup 2.1x to 2.5x slower in bench-isolation.sh's run.
+    let server = ServerProc::start(
+        &pki,
+        4621,
+        &[
+            "--setup-slow-factor",
+            "1.5",
+            "--setup-slow-window",
+            "10",
+            "--metrics",
+            METRICS,
+            "--max-clients",
+            "16",
+        ],
+    );
+    let slowed = |l: &str| l.contains("RDMA setup slowed");
+    let recovered = |l: &str| l.contains("RDMA setup back to normal speed");
+    let said =
+        |pred: &dyn Fn(&str) -> bool| server.log.snapshot().iter().filter(|l| pred(l)).count();
+
+    let calm = bench_connect(&pki, &server, N);
+    assert_eq!(said(&slowed), 0, "calm sessions were judged slow");
+    assert_eq!(metric(METRICS, "secure_rdma_setup_slow"), Some(0.0));
+
+    // Four floods, a CQ churn and a context churn per device: with two CQ churns alone the
+    // median setup rose 1.4x in one run and less than 1.5x in another.
+    let floods: Vec<Killed> = [
+        ("rxe-a", "cq"),
+        ("rxe-b", "cq"),
+        ("rxe-a", "pd"),
+        ("rxe-b", "pd"),
+    ]
+    .iter()
+    .map(|(dev, kind)| {
+        let mut c = Command::new(CHURN)
+            .args(["--device", dev, "--kind", kind, "--millis", "600000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn verbs-churn");
+        let err = Lines::collect(c.stderr.take().expect("stderr"));
+        err.wait_for("the flood's start", 1, DEADLINE, |l| {
+            l.contains("churning on")
+        });
+        Killed(Some(c))
+    })
+    .collect();
+    let flooded = bench_connect(&pki, &server, N);
+    // Judged as each session's setup ends: by the end of the flooded connections, or never.
+    assert_eq!(
+        said(&slowed),
+        1,
+        "no slowdown reported beside the floods (median per connection {calm:.1} ms alone, \
+         {flooded:.1} ms flooded)"
+    );
+    assert_eq!(metric(METRICS, "secure_rdma_setup_slow"), Some(1.0));
+    drop(floods);
+
+    let after = bench_connect(&pki, &server, N);
+    assert_eq!(said(&recovered), 1, "no recovery reported after the floods");
+    println!(
+        "setup watch: median setup per connection alone {calm:.1} ms, beside four floods \
+         {flooded:.1} ms ({:.2}x), after them {after:.1} ms; the server said {:?}",
+        flooded / calm,
+        server
+            .log
+            .snapshot()
+            .iter()
+            .filter(|l| slowed(l) || recovered(l))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(said(&slowed), 1, "one warning per slowdown");
+    assert_eq!(said(&recovered), 1);
+    assert_eq!(metric(METRICS, "secure_rdma_setup_slow"), Some(0.0));
+    assert_eq!(
+        metric(METRICS, "secure_rdma_setup_slowdowns_total"),
+        Some(1.0)
+    );
 }
