@@ -21,7 +21,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
+use secure_rdma_tests::secure::{bin, client, sample, scrape as scrape_at, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
     require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline, Killed, TestCgroup,
     ADDR_A,
@@ -435,15 +435,9 @@ fn bench_connect(pki: &Pki, server: &ServerProc, n: usize) -> f64 {
         / 1000.0
 }
 
-/// A metric's value in the exposition at `addr` (`name` followed by a space).
+/// A metric's value from a scrape of `addr`.
 fn metric(addr: &str, name: &str) -> Option<f64> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut r = String::new();
-    s.read_to_string(&mut r).ok()?;
-    r.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    sample(&scrape_at(addr), name)
 }
 
 #[test]
