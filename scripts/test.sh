@@ -52,10 +52,11 @@ stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
 # (host tests check the metrics and docs/monitoring) and the Prometheus server that
 # tests/tests/metrics_lab.rs runs in the VM; for the package: man-db, adduser, libcap2-bin
 # (setcap) and systemd (systemd-analyze verify, systemd-socket-activate) for check-package.sh and
-# tests/tests/package_lab.rs.
+# tests/tests/package_lab.rs; gnuplot-nox for bench_isolation_script.rs (the bench's report draws
+# its plot before it judges the goals).
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
             libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables tmux
-            prometheus man-db adduser libcap2-bin systemd)
+            prometheus man-db adduser libcap2-bin systemd gnuplot-nox)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()
