@@ -199,6 +199,9 @@ cpu_ms() { # pid: the CPU time of all its threads, in ms, from the scheduler's o
     # floods is over-charged by that sampling)
     cat "/proc/$1"/task/*/schedstat | awk '{ ns += $1 } END { printf "%d", ns / 1e6 }'
 }
+pct_of_core() { # cpu_ms elapsed_ms
+    awk -v c="$1" -v t="$2" 'BEGIN { printf "%.2f", 100 * c / t }'
+}
 COLLECTOR=
 start_collector() {
     "$BIN/rdma-collector" --socket "$SOCK_DIR/collector.sock" --limit "QP_CREATE=$RATE" \
@@ -323,7 +326,7 @@ measure() { # kind layer
     t1=$(date +%s%N)
     if [ -n "$COLLECTOR" ]; then
         c1=$(cpu_ms "$COLLECTOR")
-        row "$kind" "$layer" collector_cpu "$(awk -v c=$((c1 - c0)) -v ns=$((t1 - t0)) 'BEGIN { printf "%.2f", 100 * c / (ns / 1e6) }')" "% of a core"
+        row "$kind" "$layer" collector_cpu "$(pct_of_core $((c1 - c0)) $(((t1 - t0) / 1000000)))" "% of a core"
     fi
     stop_floods "$kind" "$layer"
     [ -n "$COLLECTOR" ] && stop_collector "$kind" "$layer"
@@ -353,11 +356,11 @@ victim alone-again none
 echo "bench: the collector under a refused flood" >&2
 start_collector
 c0=$(cpu_ms "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ms "$COLLECTOR")
-row refused intercept-fail collector_idle_cpu "$(awk -v c=$((c1 - c0)) -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / (s * 1000) }')" "% of a core"
+row refused intercept-fail collector_idle_cpu "$(pct_of_core $((c1 - c0)) $((SECONDS_REFUSED * 1000)))" "% of a core"
 start_floods cq intercept fail
 sleep 3
 c0=$(cpu_ms "$COLLECTOR"); sleep "$SECONDS_REFUSED"; c1=$(cpu_ms "$COLLECTOR")
-row refused intercept-fail collector_cpu "$(awk -v c=$((c1 - c0)) -v s=$SECONDS_REFUSED 'BEGIN { printf "%.2f", 100 * c / (s * 1000) }')" "% of a core"
+row refused intercept-fail collector_cpu "$(pct_of_core $((c1 - c0)) $((SECONDS_REFUSED * 1000)))" "% of a core"
 stop_floods refused intercept-fail
 stop_collector refused intercept-fail
 kill -INT $SERVER; wait $SERVER || true
