@@ -24,10 +24,18 @@
 #   table.md    medians over the rounds, ours next to the reference, the ratios
 #   plot.svg    latency and bandwidth against size (gnuplot)
 #
-# Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--setup-only] [--out DIR]
+# Each protected `bench send|write` also times its cipher alone (seal + open of the size
+# and of the acknowledgement, in the same process): table.md sets what protection adds
+# end to end against that, so the part of protection that is not cryptography shows.
+#
+# Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--setup-only] [--cpu MODEL]
+#                         [--out DIR]
 #   --quick       1 round, small counts, no hold: a smoke test of the script (minutes)
 #   --setup-only  the connection setup rows only (cmtime, a new connection, an extra lane,
 #                 the warm path), no hold
+#   --cpu MODEL   the VM's qemu CPU model (default Nehalem: no AES-NI, so sessions use
+#                 ChaCha20-Poly1305; Westmere adds AES-NI and PCLMULQDQ, so AES-256-GCM);
+#                 compare the two runs through their ratios to the perftest rows of each
 # Timings are emulated (qemu TCG): compare the rows with each other, not with
 # hardware. Needs perftest, rdmacm-utils and gnuplot (installed if missing).
 
@@ -41,7 +49,10 @@ while [ $# -gt 0 ]; do
         --quick) QUICK=1; shift ;;
         --setup-only) SETUP_ONLY=1; shift ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        --cpu) [ $# -ge 2 ] && [[ $2 =~ ^[A-Za-z0-9_.-]+$ ]] || {
+                   echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2; }
+               export VM_CPU=$2; shift 2 ;;
+        -h|--help) sed -n '2,41p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -233,6 +244,14 @@ for r in $(seq "$ROUNDS"); do
                 row "$r" secure-rdma $op "$size" $prot latency_avg_us "$(jq .latency_us.mean <<<"$j")" us
                 # perftest's MB is 2^20 bytes; ours is reported in 10^6.
                 row "$r" secure-rdma $op "$size" $prot bandwidth_mib_s "$(jq '.bandwidth_mb_s * 1000000 / 1048576' <<<"$j")" MiB/s
+                # The cipher's own cost in the same process and boot (seal + open of this size
+                # and of the acknowledgement): what protection would add if it cost nothing else.
+                # The unit names the cipher the session chose (it depends on the CPU model).
+                if [ $prot = protected ]; then
+                    cipher=$(jq -r .aead.cipher <<<"$j")
+                    row "$r" secure-rdma $op "$size" $prot aead_seal_open_us "$(jq .aead.seal_open_us.p50 <<<"$j")" "us $cipher"
+                    row "$r" secure-rdma $op "$size" $prot aead_ack_seal_open_us "$(jq .aead.ack_seal_open_us.p50 <<<"$j")" "us $cipher"
+                fi
             done
             # Bandwidth against the event-driven server too, as ib_write_bw's passive side
             # sleeps; the client (the active side) busy-polls, as ib_write_bw's does.

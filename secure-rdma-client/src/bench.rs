@@ -22,7 +22,8 @@ use clap::{Args, Subcommand};
 use futures_util::stream::{self, StreamExt};
 use rdma_cli::choices::PollMode;
 use secure_rdma::client::{Client, Connector, LaneOpened, Phases};
-use secure_rdma::datapath::Op;
+use secure_rdma::datapath::{Ack, Op};
+use secure_rdma::protect::{Cipher, Opener, Sealer, KEY_LEN, OVERHEAD};
 use secure_rdma::verbs::Poll;
 
 use crate::errors::{Hinted, Shown};
@@ -277,6 +278,65 @@ pub struct DataReport {
     pub latency_us: Summary,
     /// Payload megabytes (10^6 bytes) per second with `window` outstanding.
     pub bandwidth_mb_s: f64,
+    /// The cipher's own cost in this process, when payloads were protected: what protection
+    /// would cost if it cost nothing but its cryptography.
+    pub aead: Option<AeadCost>,
+}
+
+/// Seal + open of one message with the session's cipher, timed in this process after the
+/// session ended: the CPU cost of protection alone, measured on the same (virtual) CPU as the
+/// end-to-end numbers beside it, so what protection adds end to end can be set against it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AeadCost {
+    /// The cipher, as the session negotiated it.
+    pub cipher: String,
+    /// Messages timed per size.
+    pub iters: usize,
+    /// Seal + open of one message of the benchmark's size, µs.
+    pub seal_open_us: Summary,
+    /// Seal + open of one acknowledgement (the server's 14-byte record), µs: a ping-pong pays
+    /// one of these beside each message.
+    pub ack_seal_open_us: Summary,
+    /// The median seal + open of the benchmark's size per payload byte, ns.
+    pub ns_per_byte: f64,
+}
+
+/// Times `iters` seals and opens of `size` bytes (and of an acknowledgement) with `cipher`, as
+/// the session's two ends do them: the sender seals into a buffer of the slot's size, the
+/// receiver opens in place, both keeping their sequence in step.
+pub fn aead_cost(cipher: Cipher, op: Op, size: usize, iters: usize) -> AeadCost {
+    fn time(cipher: Cipher, op: Op, size: usize, iters: usize) -> Summary {
+        // A fixed key: the cost does not depend on the key, and no message leaves the process.
+        let key = [0x42u8; KEY_LEN];
+        let mut sealer = Sealer::new(cipher, &key);
+        let mut opener = Opener::new(cipher, &key);
+        let plain = vec![0x5au8; size];
+        let mut wire = vec![0u8; size + OVERHEAD];
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..WARMUP + iters {
+            let t = Instant::now();
+            let opened = sealer
+                .seal(op, std::hint::black_box(&plain), &mut wire)
+                .ok()
+                .and_then(|n| opener.open(op, &mut wire[..n]).ok().map(<[u8]>::len));
+            let took = us(t.elapsed());
+            // Sealing into a buffer sized for it, then opening with the same key and sequence,
+            // cannot fail; if it ever did, the timing would not be of a seal and an open.
+            debug_assert_eq!(opened, Some(size));
+            if i >= WARMUP {
+                samples.push(took);
+            }
+        }
+        Summary::of(&samples)
+    }
+    let seal_open_us = time(cipher, op, size, iters);
+    AeadCost {
+        cipher: cipher.to_string(),
+        iters,
+        ack_seal_open_us: time(cipher, Op::Send, Ack::WIRE_LEN, iters),
+        ns_per_byte: round(seal_open_us.p50 * 1000.0 / size.max(1) as f64),
+        seal_open_us,
+    }
 }
 
 /// `bench hold`.
@@ -553,11 +613,11 @@ async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport>
     if acked != a.iters {
         bail!("{acked} acknowledgements for {} operations", a.iters);
     }
-    let protection = client
-        .session()
-        .cipher()
-        .map_or("none".to_owned(), |c| c.to_string());
+    let cipher = client.session().cipher();
+    let protection = cipher.map_or("none".to_owned(), |c| c.to_string());
     client.quit().await;
+    // After the session, so the timing shares the CPU with nothing of the benchmark's own.
+    let aead = cipher.map(|c| aead_cost(c, op, a.size, a.iters));
     Ok(DataReport {
         op: match op {
             Op::Send => "send",
@@ -574,6 +634,7 @@ async fn data(connector: &Connector, op: Op, a: &DataArgs) -> Result<DataReport>
         protection,
         latency_us: Summary::of(&half_rtt),
         bandwidth_mb_s: round((a.size * a.iters) as f64 / secs / 1e6),
+        aead,
     })
 }
 

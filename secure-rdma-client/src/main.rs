@@ -748,14 +748,43 @@ mod tests {
             protection: "aes-256-gcm".into(),
             latency_us: s,
             bandwidth_mb_s: 1.5,
+            aead: None,
         })
         .unwrap();
         for k in ["op", "size", "iters", "latency_us", "bandwidth_mb_s"] {
             assert!(data.get(k).is_some(), "{k}");
         }
+        // Unprotected: the cipher's cost is null, not zero (zero would read as "free").
+        assert!(data["aead"].is_null(), "{data}");
         assert_eq!(data["latency_us"]["p50"], 2.0);
         let text = bench::text(&data);
         assert!(text.contains("latency_us.p50 2.0\n"), "{text}");
+    }
+
+    #[test]
+    fn the_aead_cost_is_timed_for_the_size_and_for_the_acknowledgement() {
+        use secure_rdma::datapath::Op;
+        use secure_rdma::protect::Cipher;
+        for cipher in [Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305] {
+            let small = bench::aead_cost(cipher, Op::Send, 64, 200);
+            let big = bench::aead_cost(cipher, Op::Write, 64 << 10, 50);
+            assert_eq!(small.cipher, cipher.to_string());
+            assert_eq!((small.iters, big.iters), (200, 50));
+            for s in [small.seal_open_us, small.ack_seal_open_us, big.seal_open_us] {
+                assert!(s.p50 > 0.0 && s.p50 <= s.p99, "{s:?}");
+            }
+            // 64 KiB costs more than 64 B: the timing is of the bytes, not of a fixed overhead.
+            assert!(
+                big.seal_open_us.p50 > 4.0 * small.seal_open_us.p50,
+                "{cipher}: 64 KiB {:?} against 64 B {:?}",
+                big.seal_open_us,
+                small.seal_open_us
+            );
+            let per_byte = big.seal_open_us.p50 * 1000.0 / 65536.0;
+            assert!((big.ns_per_byte - per_byte).abs() < 0.01, "{big:?}");
+            let v = serde_json::to_value(&big).unwrap();
+            assert!(v["ack_seal_open_us"]["p50"].is_number(), "{v}");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!   protection ([`crate::protect`]) binds each sealed message to its op.
 //! - The server acknowledges every operation it saw land with an [`Ack`]:
 //!   over TLS (the control channel's `ack` message), or, on the streaming
-//!   data path, as the 13-byte record of [`Ack::encode`] SENT back over RDMA,
+//!   data path, as the 14-byte record of [`Ack::encode`] SENT back over RDMA,
 //!   sealed like any payload.
 //! - Every operation has an identity that outlives its session: the client's
 //!   [`StreamId`], drawn once and kept across reconnects, and the operation's

@@ -463,6 +463,16 @@ pub enum Message {
         /// Why.
         reason: RejectReason,
     },
+    /// The server ended a lane on its own (a message on it failed authentication, its QP
+    /// failed); the session and its other lanes go on. Sent only to a client that listed
+    /// [`LANE_CLOSED`](crate::lanes::LANE_CLOSED), which then resumes the lane's stream at
+    /// once instead of after its acknowledgement timeout.
+    LaneClosed {
+        /// The lane's number.
+        lane: u32,
+        /// Why, for people.
+        reason: String,
+    },
     /// The sender ends the session on its own, and says why.
     Abort {
         /// Why.
@@ -497,6 +507,8 @@ pub enum Kind {
     LaneAccept,
     /// [`Message::LaneReject`].
     LaneReject,
+    /// [`Message::LaneClosed`].
+    LaneClosed,
 }
 
 impl Kind {
@@ -515,6 +527,7 @@ impl Kind {
             Kind::LaneOpen => "lane_open",
             Kind::LaneAccept => "lane_accept",
             Kind::LaneReject => "lane_reject",
+            Kind::LaneClosed => "lane_closed",
         }
     }
 }
@@ -541,6 +554,7 @@ impl Message {
             Message::LaneOpen { .. } => Kind::LaneOpen,
             Message::LaneAccept { .. } => Kind::LaneAccept,
             Message::LaneReject { .. } => Kind::LaneReject,
+            Message::LaneClosed { .. } => Kind::LaneClosed,
         }
     }
 }

@@ -11,7 +11,11 @@
 //! 2. server → [`Message::LaneAccept`] with its own QP, already in RTS, once the lane passed
 //!    the identity's lane cap and the quotas; or [`Message::LaneReject`] with the reason
 //!    (the session and its other lanes go on);
-//! 3. over the new QP: the client's confirmation token first, then the server's.
+//! 3. over the new QP: the client's confirmation token first, then the server's;
+//! 4. whenever the server ends a lane on its own (a forged message on it, its QP failed):
+//!    server → [`Message::LaneClosed`], to a client that listed [`LANE_CLOSED`]. The client
+//!    hears it beside its acknowledgements ([`Channel::expect_control`]) and resumes the lane's
+//!    stream at the lane's next use, instead of after that lane's acknowledgement timeout.
 //!
 //! One round trip over TLS and one over RDMA, against a new session's TCP and TLS handshakes,
 //! admission and three TLS round trips.
@@ -22,8 +26,8 @@
 //! its own operation stream (sequences from 1, acknowledged over that lane's QP), sealed under
 //! that lane's keys: a message replayed from one lane into another fails its tag.
 //!
-//! A lane that is lost (its QP failed, an acknowledgement never came, the server tore it down
-//! after a forged packet) is resumed within the session: the client opens a new lane (a new
+//! A lane that is lost (its QP failed, an acknowledgement never came, the server closed it
+//! after a forged packet and said so) is resumed within the session: the client opens a new lane (a new
 //! number, so new keys) with [`Message::LaneOpen`]'s `resume` naming the lost lane's stream
 //! and where it stands; the server ends the old lane first if it still runs, then answers, in
 //! [`Message::LaneAccept`]'s `resume`, what it delivered of that stream and the answers the
@@ -42,6 +46,48 @@ use crate::handshake::{
 /// earlier release ignores it and announces no `lanes` in its accept: the client then keeps
 /// its one lane.
 pub const LANES: &str = "lanes";
+
+/// The capability of a client that understands [`Message::LaneClosed`]: the server tells it
+/// over TLS when it ends one of its lanes on its own, and the client resumes that lane's stream
+/// at once, instead of learning it when the lane's acknowledgement fails to come within its
+/// timeout. A client of an earlier release does not list it, and hears nothing of the kind.
+pub const LANE_CLOSED: &str = "lane-closed";
+
+/// What the server may say over TLS while a client's operations travel over RDMA
+/// ([`Channel::expect_control`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// The session ends: `None` for an orderly bye, or the server's reason.
+    Closed(Option<crate::datapath::AbortReason>),
+    /// The server ended one lane on its own; the session and its other lanes go on.
+    LaneClosed {
+        /// The lane.
+        lane: u32,
+        /// Why, for people.
+        reason: String,
+    },
+}
+
+/// Lanes the server said it closed ([`Control::LaneClosed`]) and that the client has not yet
+/// acted on, heard while it waited for something else.
+#[derive(Debug, Default)]
+pub struct ClosedLanes(Vec<(u32, String)>);
+
+impl ClosedLanes {
+    /// Remembers that the server closed `lane`.
+    pub fn record(&mut self, lane: u32, reason: String) {
+        tracing::info!(lane, %reason, "the server closed a lane; its stream resumes on a new lane at its next use");
+        if !self.0.iter().any(|(l, _)| *l == lane) {
+            self.0.push((lane, reason));
+        }
+    }
+
+    /// Why the server closed `lane`, if it did; forgets it.
+    pub fn take(&mut self, lane: u32) -> Option<String> {
+        let i = self.0.iter().position(|(l, _)| *l == lane)?;
+        Some(self.0.swap_remove(i).1)
+    }
+}
 
 /// The streaming data path's capability, which lanes need: each lane's acknowledgements come
 /// back over that lane's QP, since acknowledgements over TLS would queue every lane behind
@@ -154,11 +200,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
         }
     }
 
+    /// Receives what the server says over TLS to an established client (client side): the
+    /// session's end, or a lane it closed. Cancel-safe, so it can sit in a `select!` next to a
+    /// completion queue.
+    pub async fn expect_control(&mut self) -> Result<Control, HandshakeError> {
+        match self.recv::<Message>().await? {
+            Message::Bye => Ok(Control::Closed(None)),
+            Message::Abort { reason } => Ok(Control::Closed(Some(reason))),
+            Message::LaneClosed { lane, reason } => Ok(Control::LaneClosed { lane, reason }),
+            other => Err(unexpected(Kind::Bye, &other)),
+        }
+    }
+
     /// Receives the server's answer to the request for `lane` (client side). An answer for
     /// another lane, or an endpoint that is not usable, is a protocol error; an abort carries
-    /// the server's reason.
-    pub async fn expect_lane_answer(&mut self, lane: u32) -> Result<LaneAnswer, HandshakeError> {
-        let (answered, answer) = match self.recv::<Message>().await? {
+    /// the server's reason. A lane the server closed meanwhile is remembered in `closed`.
+    pub async fn expect_lane_answer(
+        &mut self,
+        lane: u32,
+        closed: &mut ClosedLanes,
+    ) -> Result<LaneAnswer, HandshakeError> {
+        let message = loop {
+            match self.recv::<Message>().await? {
+                Message::LaneClosed { lane, reason } => closed.record(lane, reason),
+                other => break other,
+            }
+        };
+        let (answered, answer) = match message {
             Message::LaneAccept {
                 lane,
                 endpoint,
@@ -237,7 +305,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            client.expect_lane_answer(2).await.unwrap(),
+            client
+                .expect_lane_answer(2, &mut ClosedLanes::default())
+                .await
+                .unwrap(),
             LaneAnswer::Accepted(endpoint(), Resume::New)
         );
         let reason = RejectReason::LaneLimit {
@@ -252,7 +323,10 @@ mod tests {
             })
             .await
             .unwrap();
-        let answer = client.expect_lane_answer(3).await.unwrap();
+        let answer = client
+            .expect_lane_answer(3, &mut ClosedLanes::default())
+            .await
+            .unwrap();
         assert_eq!(answer, LaneAnswer::Rejected(reason.clone()));
         assert_eq!(
             reason.to_string(),
@@ -326,14 +400,20 @@ mod tests {
             })
             .await
             .unwrap();
-        let e = client.expect_lane_answer(4).await.unwrap_err();
+        let e = client
+            .expect_lane_answer(4, &mut ClosedLanes::default())
+            .await
+            .unwrap_err();
         assert!(
             e.to_string()
                 .contains("the server answered lane 5 where lane 4 was asked"),
             "{e}"
         );
         server.send(&Message::Bye).await.unwrap();
-        let e = client.expect_lane_answer(4).await.unwrap_err();
+        let e = client
+            .expect_lane_answer(4, &mut ClosedLanes::default())
+            .await
+            .unwrap_err();
         assert_eq!(
             e.to_string(),
             "protocol error: expected lane_accept, got bye (the peer closed the connection)"
@@ -345,9 +425,67 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(
-            client.expect_lane_answer(4).await,
+            client
+                .expect_lane_answer(4, &mut ClosedLanes::default())
+                .await,
             Err(HandshakeError::Aborted(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_lane_the_server_closed_is_heard_beside_acknowledgements_and_answers() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (mut client, mut server) = (Channel::new(a), Channel::new(b));
+        let closed = |lane: u32| Message::LaneClosed {
+            lane,
+            reason: "RDMA message failed authentication".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&closed(1)).unwrap(),
+            r#"{"type":"lane_closed","lane":1,"reason":"RDMA message failed authentication"}"#
+        );
+        // While waiting for acknowledgements: a lane's end, then the session's.
+        server.send(&closed(1)).await.unwrap();
+        server.send(&Message::Bye).await.unwrap();
+        assert_eq!(
+            client.expect_control().await.unwrap(),
+            Control::LaneClosed {
+                lane: 1,
+                reason: "RDMA message failed authentication".into()
+            }
+        );
+        assert_eq!(
+            client.expect_control().await.unwrap(),
+            Control::Closed(None)
+        );
+        server.send(&Message::Ready).await.unwrap();
+        assert_eq!(
+            client.expect_control().await.unwrap_err().to_string(),
+            "protocol error: expected bye, got ready"
+        );
+        // While waiting for a lane's answer: the closed lane is remembered, the answer returned.
+        let mut lanes = ClosedLanes::default();
+        server.send(&closed(1)).await.unwrap();
+        server.send(&closed(2)).await.unwrap();
+        server
+            .send(&Message::LaneAccept {
+                lane: 3,
+                endpoint: endpoint(),
+                resume: Resume::New,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            client.expect_lane_answer(3, &mut lanes).await.unwrap(),
+            LaneAnswer::Accepted(endpoint(), Resume::New)
+        );
+        assert_eq!(
+            lanes.take(2).as_deref(),
+            Some("RDMA message failed authentication")
+        );
+        assert!(lanes.take(2).is_none(), "taken once");
+        assert!(lanes.take(1).is_some());
+        assert!(lanes.take(3).is_none());
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub enum SessionError {
     /// The control channel did not answer in time.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
+    /// The server ended this lane on its own and said so over TLS
+    /// ([`crate::lanes::LANE_CLOSED`]); the session and its other lanes go on.
+    #[error("the server closed the lane: {0}")]
+    LaneClosed(String),
     /// A message that arrived over RDMA is not the peer's: nothing of it was delivered. The
     /// QP accepted a packet the peer never sent, so the session must end.
     #[error("RDMA message failed authentication (forged, replayed or corrupted): {0}")]

@@ -112,6 +112,15 @@ fn bench_connect_send_write_print_sane_json() {
             assert_eq!(v["window"], window, "{what}: {v}");
             assert_eq!(v["protection"] == "none", !protected, "{what}: {v}");
             sane_summary(&v["latency_us"], &what);
+            // The cipher's own cost, timed in the same process with the session's cipher
+            // (the lab's CPU has no AES-NI: ChaCha20-Poly1305); none when unprotected.
+            if protected {
+                assert_eq!(v["aead"]["cipher"], v["protection"], "{what}: {v}");
+                sane_summary(&v["aead"]["seal_open_us"], &what);
+                sane_summary(&v["aead"]["ack_seal_open_us"], &what);
+            } else {
+                assert!(v["aead"].is_null(), "{what}: {v}");
+            }
             let bw = v["bandwidth_mb_s"].as_f64().unwrap_or(0.0);
             assert!(bw > 0.0 && bw.is_finite(), "{what}: {v}");
         }

@@ -4,10 +4,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
 use super::{tls_or, ClientError};
 use crate::datapath::{Ack, Op, StreamId};
-use crate::handshake::{HandshakeError, Message, Resume};
-use crate::lanes::LaneAnswer;
+use crate::handshake::{Channel, HandshakeError, Kind, Message, Resume};
+use crate::lanes::{ClosedLanes, Control, LaneAnswer};
 use crate::protect::{Protection, Side};
 use crate::session::{Arrival, Confirm, Secrets, Session, SessionError};
 use crate::verbs::{VerbsError, WcOpcode};
@@ -96,8 +99,17 @@ impl Lane {
         }
     }
 
-    /// Posts one operation with the lane's next sequence.
-    pub(crate) async fn post(&mut self, op: Op, data: &[u8]) -> Result<(), ClientError> {
+    /// Posts one operation with the lane's next sequence; a lane the server said it closed is
+    /// lost at once, before anything is sent into it.
+    pub(crate) async fn post(
+        &mut self,
+        op: Op,
+        data: &[u8],
+        closed: &mut ClosedLanes,
+    ) -> Result<(), ClientError> {
+        if let Some(reason) = closed.take(self.index) {
+            return Err(self.lost(SessionError::LaneClosed(reason)));
+        }
         if let Err(e) = self.session.post(op, data).await {
             return Err(self.lost(e));
         }
@@ -113,19 +125,50 @@ impl Lane {
     }
 
     /// The acknowledgement of the lane's oldest operation, over the lane's QP, checked to name
-    /// it; bounded by the client's timeout.
-    pub(crate) async fn next_ack(&mut self) -> Result<Ack, ClientError> {
-        let arrival = tokio::time::timeout(self.timeout, self.session.arrival()).await;
-        let record = match arrival {
-            Err(_) => {
-                return Err(self.lost(SessionError::Timeout(
-                    self.timeout,
-                    "the server's acknowledgement on a lane",
-                )))
+    /// it; bounded by the client's timeout. Meanwhile the session's TLS connection is heard:
+    /// the server closing this lane loses it at once (no waiting out the timeout), another
+    /// lane's closing is remembered in `closed`, the session's end is the session's error.
+    pub(crate) async fn next_ack(
+        &mut self,
+        chan: &mut Channel<TlsStream<TcpStream>>,
+        closed: &mut ClosedLanes,
+    ) -> Result<Ack, ClientError> {
+        if let Some(reason) = closed.take(self.index) {
+            return Err(self.lost(SessionError::LaneClosed(reason)));
+        }
+        let index = self.index;
+        let wait = async {
+            loop {
+                tokio::select! {
+                    arrival = self.session.arrival() => return Ok(arrival),
+                    control = chan.expect_control() => match control {
+                        Ok(Control::LaneClosed { lane, reason }) if lane == index => {
+                            return Err(SessionError::LaneClosed(reason));
+                        }
+                        Ok(Control::LaneClosed { lane, reason }) => closed.record(lane, reason),
+                        Ok(Control::Closed(reason)) => {
+                            return Err(SessionError::Handshake(match reason {
+                                Some(reason) => HandshakeError::Aborted(reason),
+                                None => HandshakeError::Unexpected { expected: Kind::Ack, got: Kind::Bye },
+                            }))
+                        }
+                        Err(e) => return Err(SessionError::Handshake(e)),
+                    },
+                }
             }
-            Ok(Err(e)) => return Err(self.lost(e)),
-            Ok(Ok(Arrival::Send(record))) => record,
-            Ok(Ok(Arrival::Write(_))) => {
+        };
+        let arrival = match tokio::time::timeout(self.timeout, wait).await {
+            Err(_) => Err(SessionError::Timeout(
+                self.timeout,
+                "the server's acknowledgement on a lane",
+            )),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(arrival)) => arrival,
+        };
+        let record = match arrival {
+            Err(e) => return Err(self.lost(e)),
+            Ok(Arrival::Send(record)) => record,
+            Ok(Arrival::Write(_)) => {
                 return Err(
                     self.lost(SessionError::Verbs(VerbsError::UnexpectedCompletion(
                         WcOpcode::RecvRdmaWithImm,
@@ -214,15 +257,20 @@ impl super::Client {
             })
             .await
             .map_err(tls_or)?;
-        let answer = tokio::time::timeout(timeout, self.link.chan.expect_lane_answer(lane))
-            .await
-            .map_err(|_| {
-                ClientError::Session(SessionError::Timeout(
-                    timeout,
-                    "the server's answer to a lane",
-                ))
-            })?
-            .map_err(tls_or)?;
+        let answer = tokio::time::timeout(
+            timeout,
+            self.link
+                .chan
+                .expect_lane_answer(lane, &mut self.link.closed_lanes),
+        )
+        .await
+        .map_err(|_| {
+            ClientError::Session(SessionError::Timeout(
+                timeout,
+                "the server's answer to a lane",
+            ))
+        })?
+        .map_err(tls_or)?;
         let answer_took = started.elapsed().saturating_sub(prepare);
         let (remote, answered) = match answer {
             LaneAnswer::Accepted(remote, answered) => (remote, answered),
@@ -294,8 +342,10 @@ impl super::Client {
         };
         tracing::info!(lane = old.index, stream = %old.stream.short(), error = %cause, "lane lost; resuming its stream on a new lane");
         let (mut lane, _) = self.open_lane(hello.id, Some(hello)).await?;
-        // The lost lane's QP goes now: the server drained its end before answering.
+        // The lost lane's QP goes now: the server drained its end before answering. A closing
+        // of it the server sent meanwhile is moot.
         let old = self.lanes.remove(i);
+        self.link.closed_lanes.take(old.index);
         let posted = old.posted;
         let mut kept = old.outstanding;
         drop(old.session);
@@ -328,7 +378,8 @@ impl super::Client {
                     reason: format!("the server's answer leaves a gap before #{}", k.seq),
                 }));
             }
-            lane.post(k.op, &k.data).await?;
+            lane.post(k.op, &k.data, &mut self.link.closed_lanes)
+                .await?;
         }
         lane.posted += posted;
         self.lanes.insert(i, lane);

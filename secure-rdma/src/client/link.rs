@@ -11,6 +11,7 @@ use tokio_rustls::client::TlsStream;
 use super::{tls_or, ClientError};
 use crate::datapath::{AbortReason, Ack, Op};
 use crate::handshake::{Channel, HandshakeError, Kind, Message};
+use crate::lanes::{ClosedLanes, Control};
 use crate::session::{Arrival, Session, SessionError};
 use crate::verbs::VerbsError;
 
@@ -24,6 +25,8 @@ pub(crate) struct Link {
     /// Operations posted on this link and not yet acknowledged.
     pub(crate) in_flight: usize,
     pub(crate) chan: Channel<TlsStream<TcpStream>>,
+    /// Lanes the server said it closed, heard while waiting for something else.
+    pub(crate) closed_lanes: ClosedLanes,
     pub(crate) timeout: Duration,
     /// What opening more lanes on this session takes, when the server offers them.
     pub(crate) lanes: Option<LaneSetup>,
@@ -77,7 +80,7 @@ impl Link {
                     ))),
                     Err(e) => Err(ClientError::Session(e)),
                 },
-                closed = self.chan.expect_close() => Err(match closed {
+                closed = closed_or_lane(&mut self.chan, &mut self.closed_lanes) => Err(match closed {
                     Ok(Some(reason)) => tls_or(HandshakeError::Aborted(reason)),
                     Ok(None) => tls_or(HandshakeError::Unexpected { expected: Kind::Ack, got: Kind::Bye }),
                     Err(e) => tls_or(e),
@@ -105,7 +108,7 @@ impl Link {
     /// Waits until the server ends the session on its own (see
     /// [`Client::closed`](super::Client::closed)).
     pub(crate) async fn closed(&mut self) -> Result<Option<AbortReason>, HandshakeError> {
-        self.chan.expect_close().await
+        closed_or_lane(&mut self.chan, &mut self.closed_lanes).await
     }
 
     /// Says bye, waits briefly for the server's bye, and frees everything.
@@ -114,5 +117,19 @@ impl Link {
             let _ = tokio::time::timeout(self.timeout, self.chan.recv::<Message>()).await;
         }
         self.chan.close().await;
+    }
+}
+
+/// Waits for the session's end over TLS; a lane the server closed meanwhile is remembered in
+/// `closed` for that lane's next use, and the wait goes on. Cancel-safe.
+pub(crate) async fn closed_or_lane(
+    chan: &mut Channel<TlsStream<TcpStream>>,
+    closed: &mut ClosedLanes,
+) -> Result<Option<AbortReason>, HandshakeError> {
+    loop {
+        match chan.expect_control().await? {
+            Control::Closed(reason) => return Ok(reason),
+            Control::LaneClosed { lane, reason } => closed.record(lane, reason),
+        }
     }
 }

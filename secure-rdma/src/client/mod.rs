@@ -723,6 +723,7 @@ impl Connector {
                 .copied()
                 .chain(cfg.wants_rdma_acks().then_some(RDMA_ACKS))
                 .chain(cfg.wants_rdma_acks().then_some(crate::lanes::LANES))
+                .chain(cfg.wants_rdma_acks().then_some(crate::lanes::LANE_CLOSED))
                 .map(str::to_owned)
                 .collect(),
             ciphers: cfg.ciphers.clone(),
@@ -875,6 +876,7 @@ impl Connector {
             window,
             in_flight: 0,
             chan,
+            closed_lanes: crate::lanes::ClosedLanes::default(),
             timeout: cfg.timeout,
             lanes: lanes.map(|max| link::LaneSetup {
                 max,

@@ -388,9 +388,10 @@ impl Client {
                 let mut resumes = 0;
                 loop {
                     let lane = &mut self.lanes[i - 1];
+                    let (chan, closed) = (&mut self.link.chan, &mut self.link.closed_lanes);
                     let result = match lane.outstanding.len() >= lane.window() {
-                        true => lane.next_ack().await.map(|a| acks.push(a)),
-                        false => match lane.post(op, data).await {
+                        true => lane.next_ack(chan, closed).await.map(|a| acks.push(a)),
+                        false => match lane.post(op, data, closed).await {
                             Ok(()) => return Ok(acks),
                             Err(e) => Err(e),
                         },
@@ -475,7 +476,8 @@ impl Client {
         for i in 0..self.lanes.len() {
             let mut resumes = 0;
             while !self.lanes[i].outstanding.is_empty() {
-                match self.lanes[i].next_ack().await {
+                let (chan, closed) = (&mut self.link.chan, &mut self.link.closed_lanes);
+                match self.lanes[i].next_ack(chan, closed).await {
                     Ok(a) => acks.push(a),
                     // Once per lane and flush: a lane that fails again right away is reported.
                     Err(e) if resumes == 0 => {

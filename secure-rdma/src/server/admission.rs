@@ -223,6 +223,8 @@ pub(super) struct Admitted {
     pub(super) stream: StreamLease,
     /// The client may open lanes ([`crate::lanes`]): it asked, on the streaming data path.
     pub(super) lanes: bool,
+    /// The client hears of a lane the server closed ([`crate::lanes::LANE_CLOSED`]).
+    pub(super) lane_closed: bool,
     /// The session's payload cipher and key rotation, which its lanes use too.
     pub(super) cipher: Option<crate::protect::Cipher>,
     pub(super) rekey: RekeyPolicy,
@@ -370,6 +372,11 @@ pub(super) async fn admit(
     let lanes = rdma_window.is_some()
         && cfg.max_lanes_per_identity > 1
         && hello.capabilities.iter().any(|c| c == crate::lanes::LANES);
+    let lane_closed = lanes
+        && hello
+            .capabilities
+            .iter()
+            .any(|c| c == crate::lanes::LANE_CLOSED);
     let session_cfg = SessionConfig {
         buffer_size: cfg.buffer_size,
         recv_slots: RDMA_WINDOW,
@@ -449,6 +456,7 @@ pub(super) async fn admit(
         rdma_acks: rdma_window.is_some(),
         stream,
         lanes,
+        lane_closed,
         cipher,
         rekey,
         held: Held {

@@ -103,6 +103,7 @@ pub(super) async fn serve_session(
         held,
         mut stream,
         lanes,
+        lane_closed,
         cipher,
         rekey,
     } = admitted;
@@ -256,8 +257,17 @@ pub(super) async fn serve_session(
                 // One lane ended (it failed, or was not confirmed): the session goes on, and
                 // remembers where the lane's stream stands.
                 tracing::debug!(client = %identity, lane = end.lane, why = %end.reason, "lane ended; the session goes on");
-                lane_enders.remove(&end.stream);
+                // A lane still in `lane_enders` ended on its own (a forgery, its QP failed), not
+                // because this loop asked: a client that understands it hears so now, and
+                // resumes the lane's stream at once rather than after its ack timeout.
+                let on_its_own = lane_enders.remove(&end.stream).is_some();
+                let notice = Message::LaneClosed { lane: end.lane, reason: end.reason.clone() };
                 ended_lanes.insert(end.stream, end);
+                if on_its_own && lane_closed {
+                    if let Err(reason) = send_within(&mut chan, &notice, limits.write_timeout).await {
+                        break reason;
+                    }
+                }
             }
             request = chan.expect_session_request() => match request {
                 Ok(SessionRequest::Bye) => {
