@@ -15,6 +15,7 @@ pub mod injector;
 pub mod no_rdma;
 pub mod piped;
 pub mod readme;
+pub mod scripts;
 pub mod secure;
 pub mod stream;
 pub mod tcp;

@@ -2,16 +2,12 @@
 //! `--help` says what it measures and how to shorten it, and a wrong
 //! argument is refused before anything is built, naming the argument.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+
+use secure_rdma_tests::scripts;
 
 fn script(args: &[&str]) -> Output {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench-isolation.sh");
-    Command::new("bash")
-        .arg(path)
-        .args(args)
-        .output()
-        .expect("run bash")
+    scripts::bash("bench-isolation.sh", args)
 }
 
 #[test]
@@ -67,25 +63,14 @@ fn wrong_arguments_are_refused_with_exit_code_2_and_a_reason() {
 }
 
 /// Runs the report on `rows` (raw.csv without its header) in a fresh directory: its exit
-/// code and table.md.
+/// code, table.md and stderr.
 fn report(rows: &str) -> (Option<i32>, String, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let raw = dir.path().join("raw.csv");
-    std::fs::write(&raw, format!("kind,layer,metric,value,unit\n{rows}")).expect("raw.csv");
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench-isolation-report.py");
-    let out = Command::new("python3")
-        .arg(path)
-        .arg(&raw)
-        .arg(dir.path())
-        .output()
-        .expect("run python3");
-    let table = std::fs::read_to_string(dir.path().join("table.md")).unwrap_or_default();
-    (
-        out.status.code(),
-        table,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let r = scripts::report(
+        "bench-isolation-report.py",
+        "kind,layer,metric,value,unit",
+        rows,
+    );
+    (r.code, r.table, r.stderr)
 }
 
 const ALONE: &str = "alone,none,setup_p50,10,ms

@@ -2,32 +2,19 @@
 //! that sets what protection adds end to end against its cipher's own seal + open, and the
 //! goals judged from it.
 
-use std::path::PathBuf;
-use std::process::Command;
+use secure_rdma_tests::scripts;
 
-/// Runs the report on `rows` (raw.csv without its header); its table.md.
+/// Runs the report on `rows` (raw.csv without its header); its table.md, once it succeeded and
+/// drew its plot.
 fn table(rows: &str) -> String {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let raw = dir.path().join("raw.csv");
-    std::fs::write(
-        &raw,
-        format!("round,tool,op,size,protection,metric,value,unit\n{rows}"),
-    )
-    .expect("write raw.csv");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench-report.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(&raw)
-        .arg(dir.path())
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = scripts::report(
+        "bench-report.py",
+        "round,tool,op,size,protection,metric,value,unit",
+        rows,
     );
-    assert!(dir.path().join("plot.svg").exists(), "no plot drawn");
-    std::fs::read_to_string(dir.path().join("table.md")).expect("table.md")
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.plot, "no plot drawn");
+    r.table
 }
 
 /// One round at 64 B and 64 KiB: SEND latency 25 µs unprotected, 35 protected, the cipher
@@ -100,12 +87,7 @@ fn a_run_without_cipher_rows_has_no_such_table_and_no_such_goal() {
 }
 
 fn bench_sh(args: &[&str]) -> std::process::Output {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench.sh");
-    Command::new("bash")
-        .arg(path)
-        .args(args)
-        .output()
-        .expect("run bash")
+    scripts::bash("bench.sh", args)
 }
 
 #[test]
@@ -147,6 +129,9 @@ fn a_reference_perftest_could_not_time_is_left_out_not_judged_as_zero() {
         "1,ib_send_lat,send,64,none,latency_typical_us,inf,us",
     );
     let t = table(&rows);
-    assert!(t.contains("| 64 | n/a | 25.00 | n/a | 35.00 | n/a |"), "{t}");
+    assert!(
+        t.contains("| 64 | n/a | 25.00 | n/a | 35.00 | n/a |"),
+        "{t}"
+    );
     assert!(!t.contains("SEND p50 at 64 B"), "{t}");
 }
