@@ -82,7 +82,15 @@ impl ClosedLanes {
         }
     }
 
-    /// Why the server closed `lane`, if it did; forgets it.
+    /// Why the server closed `lane`, if it did.
+    pub fn reason(&self, lane: u32) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(l, _)| *l == lane)
+            .map(|(_, r)| r.clone())
+    }
+
+    /// Why the server closed `lane`, if it did; forgets it (its stream went on elsewhere).
     pub fn take(&mut self, lane: u32) -> Option<String> {
         let i = self.0.iter().position(|(l, _)| *l == lane)?;
         Some(self.0.swap_remove(i).1)
@@ -484,6 +492,11 @@ mod tests {
             Some("RDMA message failed authentication")
         );
         assert!(lanes.take(2).is_none(), "taken once");
+        assert_eq!(
+            lanes.reason(1).as_deref(),
+            Some("RDMA message failed authentication"),
+            "asking does not forget"
+        );
         assert!(lanes.take(1).is_some());
         assert!(lanes.take(3).is_none());
     }

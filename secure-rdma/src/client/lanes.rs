@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+use super::link::session_ended;
 use super::{tls_or, ClientError};
 use crate::datapath::{Ack, Op, StreamId};
-use crate::handshake::{Channel, HandshakeError, Kind, Message, Resume};
+use crate::handshake::{Channel, HandshakeError, Message, Resume};
 use crate::lanes::{ClosedLanes, Control, LaneAnswer};
 use crate::protect::{Protection, Side};
 use crate::session::{Arrival, Confirm, Secrets, Session, SessionError};
@@ -107,7 +108,7 @@ impl Lane {
         data: &[u8],
         closed: &mut ClosedLanes,
     ) -> Result<(), ClientError> {
-        if let Some(reason) = closed.take(self.index) {
+        if let Some(reason) = closed.reason(self.index) {
             return Err(self.lost(SessionError::LaneClosed(reason)));
         }
         if let Err(e) = self.session.post(op, data).await {
@@ -127,13 +128,15 @@ impl Lane {
     /// The acknowledgement of the lane's oldest operation, over the lane's QP, checked to name
     /// it; bounded by the client's timeout. Meanwhile the session's TLS connection is heard:
     /// the server closing this lane loses it at once (no waiting out the timeout), another
-    /// lane's closing is remembered in `closed`, the session's end is the session's error.
+    /// lane's closing is remembered in `closed`. The session's end (a bye, an abort with its
+    /// reason, the connection broken) is the session's error, not this lane's: there is no
+    /// session left to resume the lane in.
     pub(crate) async fn next_ack(
         &mut self,
         chan: &mut Channel<TlsStream<TcpStream>>,
         closed: &mut ClosedLanes,
     ) -> Result<Ack, ClientError> {
-        if let Some(reason) = closed.take(self.index) {
+        if let Some(reason) = closed.reason(self.index) {
             return Err(self.lost(SessionError::LaneClosed(reason)));
         }
         let index = self.index;
@@ -142,17 +145,16 @@ impl Lane {
                 tokio::select! {
                     arrival = self.session.arrival() => return Ok(arrival),
                     control = chan.expect_control() => match control {
-                        Ok(Control::LaneClosed { lane, reason }) if lane == index => {
-                            return Err(SessionError::LaneClosed(reason));
+                        // Kept until the lane's stream resumes elsewhere, so that a resume that
+                        // fails leaves the lane known closed for its next use.
+                        Ok(Control::LaneClosed { lane, reason }) => {
+                            closed.record(lane, reason.clone());
+                            if lane == index {
+                                return Ok(Err(SessionError::LaneClosed(reason)));
+                            }
                         }
-                        Ok(Control::LaneClosed { lane, reason }) => closed.record(lane, reason),
-                        Ok(Control::Closed(reason)) => {
-                            return Err(SessionError::Handshake(match reason {
-                                Some(reason) => HandshakeError::Aborted(reason),
-                                None => HandshakeError::Unexpected { expected: Kind::Ack, got: Kind::Bye },
-                            }))
-                        }
-                        Err(e) => return Err(SessionError::Handshake(e)),
+                        Ok(Control::Closed(reason)) => return Err(session_ended(Ok(reason))),
+                        Err(e) => return Err(session_ended(Err(e))),
                     },
                 }
             }
@@ -162,7 +164,7 @@ impl Lane {
                 self.timeout,
                 "the server's acknowledgement on a lane",
             )),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(ended)) => return Err(ended),
             Ok(Ok(arrival)) => arrival,
         };
         let record = match arrival {

@@ -80,11 +80,7 @@ impl Link {
                     ))),
                     Err(e) => Err(ClientError::Session(e)),
                 },
-                closed = closed_or_lane(&mut self.chan, &mut self.closed_lanes) => Err(match closed {
-                    Ok(Some(reason)) => tls_or(HandshakeError::Aborted(reason)),
-                    Ok(None) => tls_or(HandshakeError::Unexpected { expected: Kind::Ack, got: Kind::Bye }),
-                    Err(e) => tls_or(e),
-                }),
+                closed = closed_or_lane(&mut self.chan, &mut self.closed_lanes) => Err(session_ended(closed)),
             }
         };
         let ack = tokio::time::timeout(self.timeout, wait)
@@ -131,5 +127,43 @@ pub(crate) async fn closed_or_lane(
             Control::Closed(reason) => return Ok(reason),
             Control::LaneClosed { lane, reason } => closed.record(lane, reason),
         }
+    }
+}
+
+/// The error of a session that ended over TLS while an acknowledgement was awaited: the
+/// server's abort with its reason, a bye where an acknowledgement was due, or the broken
+/// connection's error.
+pub(crate) fn session_ended(closed: Result<Option<AbortReason>, HandshakeError>) -> ClientError {
+    tls_or(match closed {
+        Ok(Some(reason)) => HandshakeError::Aborted(reason),
+        Ok(None) => HandshakeError::Unexpected {
+            expected: Kind::Ack,
+            got: Kind::Bye,
+        },
+        Err(e) => e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_that_ends_during_a_wait_keeps_the_servers_reason() {
+        // A revoked certificate heard while a lane's acknowledgement was awaited stays a
+        // revocation: nothing retries it, and the caller can say why.
+        let revoked = session_ended(Ok(Some(AbortReason::CertificateRevoked)));
+        assert_eq!(
+            revoked.certificate_ended(),
+            Some(&AbortReason::CertificateRevoked)
+        );
+        assert!(!matches!(revoked, ClientError::LaneLost { .. }));
+        // A forgery's abort is the session's loss, which a reconnect may mend.
+        let forged = session_ended(Ok(Some(AbortReason::AuthenticationFailed)));
+        assert!(forged.certificate_ended().is_none());
+        assert!(forged.is_session_lost(), "{forged}");
+        let bye = session_ended(Ok(None));
+        assert!(bye.to_string().contains("expected ack, got bye"), "{bye}");
+        assert!(session_ended(Err(HandshakeError::Closed)).is_session_lost());
     }
 }

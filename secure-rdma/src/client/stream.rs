@@ -400,8 +400,9 @@ impl Client {
                         Ok(()) => {}
                         // The lane is lost: its stream goes on on a new lane (this operation
                         // not yet kept, so it is posted after the resume). Once: a lane that
-                        // fails again right away is reported.
-                        Err(e) if resumes == 0 => {
+                        // fails again right away is reported. The session's own end is not a
+                        // lane's, and is reported as it is.
+                        Err(e @ ClientError::LaneLost { .. }) if resumes == 0 => {
                             resumes += 1;
                             acks.extend(self.resume_lane(i - 1, e).await?);
                         }
@@ -480,7 +481,7 @@ impl Client {
                 match self.lanes[i].next_ack(chan, closed).await {
                     Ok(a) => acks.push(a),
                     // Once per lane and flush: a lane that fails again right away is reported.
-                    Err(e) if resumes == 0 => {
+                    Err(e @ ClientError::LaneLost { .. }) if resumes == 0 => {
                         resumes += 1;
                         acks.extend(self.resume_lane(i, e).await?);
                     }

@@ -28,6 +28,15 @@ use crate::lanes::SessionRequest;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashMap;
 
+/// What a client that listed [`crate::lanes::LANE_CLOSED`] hears of a lane that ended on its
+/// own.
+fn lane_closed_notice(end: &LaneEnd) -> Message {
+    Message::LaneClosed {
+        lane: end.lane,
+        reason: end.reason.clone(),
+    }
+}
+
 /// One lane's loop ([`LaneContext::serve`]), run beside its session's.
 type LaneLoop<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = LaneEnd> + Send + 'a>>;
 
@@ -261,7 +270,7 @@ pub(super) async fn serve_session(
                 // because this loop asked: a client that understands it hears so now, and
                 // resumes the lane's stream at once rather than after its ack timeout.
                 let on_its_own = lane_enders.remove(&end.stream).is_some();
-                let notice = Message::LaneClosed { lane: end.lane, reason: end.reason.clone() };
+                let notice = lane_closed_notice(&end);
                 ended_lanes.insert(end.stream, end);
                 if on_its_own && lane_closed {
                     if let Err(reason) = send_within(&mut chan, &notice, limits.write_timeout).await {
@@ -279,12 +288,17 @@ pub(super) async fn serve_session(
                     if req.resume.is_some() {
                         // A lane that still carries the stream ends first, drained, so that
                         // the answer is final (as a resumed session's is).
+                        // Another lane that ends on its own meanwhile is told of as the
+                        // branch above tells of it, once the wait is over.
+                        let mut notices = Vec::new();
                         if let Some(ender) = lane_enders.remove(&req.stream) {
                             let _ = ender.send(true);
                             let wait = async {
                                 while let Some(end) = lane_loops.next().await {
                                     let done = end.stream == req.stream;
-                                    lane_enders.remove(&end.stream);
+                                    if lane_enders.remove(&end.stream).is_some() && lane_closed {
+                                        notices.push(lane_closed_notice(&end));
+                                    }
                                     ended_lanes.insert(end.stream, end);
                                     if done {
                                         break;
@@ -292,6 +306,16 @@ pub(super) async fn serve_session(
                                 }
                             };
                             let _ = tokio::time::timeout(courtesy * 2, wait).await;
+                        }
+                        let mut failed = None;
+                        for notice in &notices {
+                            if let Err(reason) = send_within(&mut chan, notice, limits.write_timeout).await {
+                                failed = Some(reason);
+                                break;
+                            }
+                        }
+                        if let Some(reason) = failed {
+                            break reason;
                         }
                     }
                     let (resume, first) = lane_resume(&req, &mut ended_lanes, lane_enders.contains_key(&req.stream));
