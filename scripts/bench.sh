@@ -49,8 +49,9 @@ while [ $# -gt 0 ]; do
         --quick) QUICK=1; shift ;;
         --setup-only) SETUP_ONLY=1; shift ;;
         --out) OUT=$2; shift 2 ;;
-        --cpu) [ $# -ge 2 ] && [[ $2 =~ ^[A-Za-z0-9_.-]+$ ]] || {
-                   echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2; }
+        --cpu) if [ $# -lt 2 ] || ! [[ $2 =~ ^[A-Za-z0-9_.-]+$ ]]; then
+                   echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2
+               fi
                export VM_CPU=$2; shift 2 ;;
         -h|--help) sed -n '2,41p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
