@@ -66,6 +66,66 @@ pub(super) struct LaneHeld<'a> {
     _slot: LaneSlot<'a>,
 }
 
+/// The session's running lanes by lane number, each with its stream and its "end now".
+///
+/// Keyed by lane, not by stream: a lane asked to end stays here, its stream still carried,
+/// until its loop has ended and drained. A resume of that stream is answered only then, from
+/// the stream's final state; answered earlier (the drain outlived its wait), it would start
+/// the new lane where the old one might still deliver, and the old lane's end, found by its
+/// stream, would take the new lane's "end now" with it.
+#[derive(Default)]
+pub(super) struct RunningLanes {
+    lanes: std::collections::HashMap<u32, Running>,
+}
+
+struct Running {
+    stream: StreamId,
+    ender: watch::Sender<bool>,
+    /// Asked to end (a resume of its stream, the session's end): its end is not news.
+    asked: bool,
+}
+
+impl RunningLanes {
+    /// `lane` runs, carrying `stream`, until `ender` says otherwise.
+    pub(super) fn start(&mut self, lane: u32, stream: StreamId, ender: watch::Sender<bool>) {
+        self.lanes.insert(
+            lane,
+            Running {
+                stream,
+                ender,
+                asked: false,
+            },
+        );
+    }
+
+    /// A running lane, asked to end or not, still carries `stream`.
+    pub(super) fn carries(&self, stream: StreamId) -> bool {
+        self.lanes.values().any(|r| r.stream == stream)
+    }
+
+    /// Asks the lane that carries `stream` to end; its number, if one does.
+    pub(super) fn ask_to_end(&mut self, stream: StreamId) -> Option<u32> {
+        let (lane, running) = self.lanes.iter_mut().find(|(_, r)| r.stream == stream)?;
+        running.asked = true;
+        let _ = running.ender.send(true);
+        Some(*lane)
+    }
+
+    /// Asks every running lane to end.
+    pub(super) fn ask_all(&mut self) {
+        for running in self.lanes.values_mut() {
+            running.asked = true;
+            let _ = running.ender.send(true);
+        }
+    }
+
+    /// `lane`'s loop ended: true when it ended on its own (a forgery, its QP failed), which
+    /// its client is told of; false when it was asked to, or is not known.
+    pub(super) fn ended(&mut self, lane: u32) -> bool {
+        self.lanes.remove(&lane).is_some_and(|r| !r.asked)
+    }
+}
+
 /// How a lane's loop ended, and where its stream stands: what a lane that resumes the stream is
 /// answered from.
 pub(super) struct LaneEnd {
@@ -348,4 +408,65 @@ fn lane_secrets(
         }
     };
     Ok(Secrets { tokens, protection })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resume that asked lane 1 to end finds its stream still carried until lane 1's loop
+    /// has ended: before, the lane left the table when asked, so a drain that outlived its
+    /// wait let the resume be answered (and a new lane start) while lane 1 could still
+    /// deliver.
+    #[test]
+    fn a_lane_asked_to_end_carries_its_stream_until_its_loop_ends() {
+        let mut running = RunningLanes::default();
+        let stream = StreamId([1; 16]);
+        let (ender, mut end) = watch::channel(false);
+        running.start(1, stream, ender);
+        assert_eq!(running.ask_to_end(stream), Some(1));
+        assert!(*end.borrow_and_update(), "lane 1 is told to end");
+        assert!(running.carries(stream), "still carried while lane 1 drains");
+        assert!(!running.ended(1), "an end it was asked for is not news");
+        assert!(!running.carries(stream));
+        assert_eq!(running.ask_to_end(stream), None);
+    }
+
+    /// The old lane of a stream ending after a new lane took the stream on leaves the new
+    /// lane running and untold: before, the end was found by its stream, which dropped the new
+    /// lane's "end now" (ending it) and told the client the old lane closed on its own.
+    #[test]
+    fn an_old_lane_ending_leaves_the_lane_that_took_its_stream_running() {
+        let mut running = RunningLanes::default();
+        let stream = StreamId([2; 16]);
+        let (old, _old_end) = watch::channel(false);
+        running.start(1, stream, old);
+        running.ask_to_end(stream);
+        let (new, new_end) = watch::channel(false);
+        running.start(2, stream, new);
+        assert!(!running.ended(1));
+        assert_eq!(
+            new_end.has_changed().ok(),
+            Some(false),
+            "lane 2's end now is neither sent nor dropped"
+        );
+        assert!(running.carries(stream));
+    }
+
+    /// Only a lane nobody asked to end is told of; the session's end asks them all.
+    #[test]
+    fn a_lane_that_ends_unasked_is_news_and_the_session_end_asks_every_lane() {
+        let mut running = RunningLanes::default();
+        let (a, mut a_end) = watch::channel(false);
+        let (b, mut b_end) = watch::channel(false);
+        running.start(1, StreamId([3; 16]), a);
+        running.start(2, StreamId([4; 16]), b);
+        assert!(running.ended(1), "lane 1 ended unasked");
+        assert!(!running.ended(1), "told once");
+        running.ask_all();
+        assert!(!*a_end.borrow_and_update(), "an ended lane is not asked");
+        assert!(*b_end.borrow_and_update());
+        assert!(!running.ended(2));
+        assert!(!running.ended(7), "an unknown lane is not news");
+    }
 }

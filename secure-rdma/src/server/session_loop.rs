@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::accept::Outcome;
 use super::admission::Admitted;
 use super::handler::{Delivery, Peer};
-use super::lanes::{LaneContext, LaneEnd, Refused};
+use super::lanes::{LaneContext, LaneEnd, Refused, RunningLanes};
 use super::render::{preview, render};
 use super::watch::CertEnd;
 use super::{ServerChannel, Shared};
@@ -239,9 +239,9 @@ pub(super) async fn serve_session(
         arrivals: std::sync::atomic::AtomicU64::new(0),
     };
     let mut lane_arrivals_seen = 0u64;
-    // Each running lane's "end now", by its stream: the session's end ends them all, and a lane
-    // that resumes a stream ends the lane that still carries it first.
-    let mut lane_enders: HashMap<StreamId, watch::Sender<bool>> = HashMap::new();
+    // The running lanes, by number: the session's end ends them all, and a lane that resumes a
+    // stream ends the lane that still carries it first.
+    let mut running = RunningLanes::default();
     // Where the streams of ended lanes stand: a lane that resumes one is answered from here.
     let mut ended_lanes: HashMap<StreamId, LaneEnd> = HashMap::new();
     let mut lane_loops: FuturesUnordered<LaneLoop<'_>> = FuturesUnordered::new();
@@ -266,10 +266,10 @@ pub(super) async fn serve_session(
                 // One lane ended (it failed, or was not confirmed): the session goes on, and
                 // remembers where the lane's stream stands.
                 tracing::debug!(client = %identity, lane = end.lane, why = %end.reason, "lane ended; the session goes on");
-                // A lane still in `lane_enders` ended on its own (a forgery, its QP failed), not
-                // because this loop asked: a client that understands it hears so now, and
-                // resumes the lane's stream at once rather than after its ack timeout.
-                let on_its_own = lane_enders.remove(&end.stream).is_some();
+                // A lane this loop did not ask to end ended on its own (a forgery, its QP
+                // failed): a client that understands it hears so now, and resumes the lane's
+                // stream at once rather than after its ack timeout.
+                let on_its_own = running.ended(end.lane);
                 let notice = lane_closed_notice(&end);
                 ended_lanes.insert(end.stream, end);
                 if on_its_own && lane_closed {
@@ -291,12 +291,11 @@ pub(super) async fn serve_session(
                         // Another lane that ends on its own meanwhile is told of as the
                         // branch above tells of it, once the wait is over.
                         let mut notices = Vec::new();
-                        if let Some(ender) = lane_enders.remove(&req.stream) {
-                            let _ = ender.send(true);
+                        if let Some(carrier) = running.ask_to_end(req.stream) {
                             let wait = async {
                                 while let Some(end) = lane_loops.next().await {
-                                    let done = end.stream == req.stream;
-                                    if lane_enders.remove(&end.stream).is_some() && lane_closed {
+                                    let done = end.lane == carrier;
+                                    if running.ended(end.lane) && lane_closed {
                                         notices.push(lane_closed_notice(&end));
                                     }
                                     ended_lanes.insert(end.stream, end);
@@ -318,7 +317,9 @@ pub(super) async fn serve_session(
                             break reason;
                         }
                     }
-                    let (resume, first) = lane_resume(&req, &mut ended_lanes, lane_enders.contains_key(&req.stream));
+                    // Still carried after the wait (its drain outlived it): refused, not
+                    // answered from a stream state that may still move.
+                    let (resume, first) = lane_resume(&req, &mut ended_lanes, running.carries(req.stream));
                     let opened = match &resume {
                         Err(refused) => Err(Refused { reason: RejectReason::Policy { detail: refused.clone() }, label: "policy" }),
                         Ok(_) => {
@@ -331,7 +332,7 @@ pub(super) async fn serve_session(
                             let endpoint = unconfirmed.local();
                             used_lanes.push(req.lane);
                             let (ender, end) = watch::channel(false);
-                            lane_enders.insert(req.stream, ender);
+                            running.start(req.lane, req.stream, ender);
                             lane_loops.push(Box::pin(lane_ctx.serve(req.lane, req.stream, first, unconfirmed, held, end)));
                             metrics.verb(device.name(), TimedVerb::QpSetup, opening.elapsed());
                             Message::LaneAccept { lane: req.lane, endpoint, resume: resume.unwrap_or_default() }
@@ -472,9 +473,7 @@ pub(super) async fn serve_session(
         }
     };
     // The other lanes end first, each drained, bounded: they hold nothing lane 0 needs.
-    for ender in lane_enders.values() {
-        let _ = ender.send(true);
-    }
+    running.ask_all();
     let lanes_closed = async { while lane_loops.next().await.is_some() {} };
     if tokio::time::timeout(courtesy * 2, lanes_closed)
         .await
