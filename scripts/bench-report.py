@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """bench-report.py RAW.csv OUTDIR: the medians of scripts/bench.sh's raw rows as
 OUTDIR/table.md (ours next to the reference tools, with the ratios and the issue's
-goals) and OUTDIR/plot.svg (gnuplot: latency and bandwidth against message size)."""
+goals), OUTDIR/plot.svg (gnuplot: latency and bandwidth against message size) and
+OUTDIR/setup.svg (connection setup: time per connection and connections per second, against
+cmtime's)."""
 
 import csv
 import math
@@ -90,6 +92,24 @@ def main() -> int:
         lines.append(f"| &nbsp;&nbsp;of which everything after (admission, RDMA setup, confirmation) | {fmt(warm_rdma)} | {ratio(warm_rdma, cm)} |")
         lines.append(f"| secure-rdma, one more lane on the warm path | {fmt(warm_lane)} | {ratio(warm_lane, cm)} |")
     lines.append("")
+
+    # Connections per second: cmtime issues each step for all of its connections at once;
+    # ours one at a time, then several clients in flight at once.
+    cm_rate = med("cmtime", "connect", 0, "none", "connections_per_s")
+    rates = [(label, med("secure-rdma", op, 0, "protected", "connections_per_s")) for label, op in [
+        ("secure-rdma, one connection at a time", "connect"),
+        ("secure-rdma, 4 clients in flight at once", "connect:concurrent"),
+        ("secure-rdma, 4 clients in flight at once, warm path", "connect:warm_concurrent"),
+    ]]
+    if cm_rate is not None or any(v is not None for _, v in rates):
+        lines += ["### Connections per second, in-process", "",
+                  "| | connections/s | vs cmtime |", "|---|---:|---:|",
+                  f"| cmtime -c N (rdma_cm, every step issued for all N at once) | {fmt(cm_rate)} | 1.00x |"]
+        lines += [f"| {label} | {fmt(v)} | {ratio(v, cm_rate)} |" for label, v in rates]
+        conc = med("secure-rdma", "connect:concurrent", 0, "protected", "per_connection_us")
+        if conc is not None:
+            lines.append(f"| &nbsp;&nbsp;each connection's own time, 4 in flight (µs) | {fmt(conc)} | |")
+        lines.append("")
 
     rp = med("rping", "process", 64, "none", "ms")
     sp = med("secure-rdma", "process", 64, "protected", "ms")
@@ -267,6 +287,37 @@ unset multiplot
         subprocess.run(["gnuplot", str(out / "plot.gp")], check=True)
     else:
         print("bench-report: no latency or bandwidth rows (--setup-only): no plot", file=sys.stderr)
+    # The setup tables' plot: per connection against cmtime, and connections per second.
+    bars = {
+        "us": [("cmtime", cm), ("new session", ours), ("extra lane", lane), ("warm session", warm),
+               ("warm, after TLS", warm_rdma), ("warm extra lane", warm_lane)],
+        "rate": [("cmtime", cm_rate)] + [(label, v) for label, v in zip(
+            ["one at a time", "4 in flight", "4 in flight, warm"], (v for _, v in rates))],
+    }
+    drawn = []
+    for panel, rows in bars.items():
+        rows = [(label, v) for label, v in rows if v is not None]
+        if rows:
+            path = out / f"setup-{panel}.dat"
+            path.write_text("".join(f'"{label}" {v}\n' for label, v in rows))
+            drawn.append((panel, path))
+    if drawn:
+        titles = {"us": "µs per connection (lower is better)", "rate": "connections per second (higher is better)"}
+        panels = "".join(f"""set ylabel '{titles[panel]}'
+plot '{path}' using 2:xtic(1) notitle linecolor rgb '#4477aa'
+""" for panel, path in drawn)
+        (out / "setup.gp").write_text(f"""set terminal svg size 1100,450 dynamic font 'sans,11'
+set output '{out / "setup.svg"}'
+set multiplot layout 1,{len(drawn)} title "connection setup: secure-rdma vs cmtime (rdma_cm) on Soft-RoCE (one VM run, medians)"
+set style data histograms
+set style fill solid 0.8 border -1
+set boxwidth 0.8
+set yrange [0:*]
+set xtics rotate by -30
+set grid ytics
+{panels}unset multiplot
+""")
+        subprocess.run(["gnuplot", str(out / "setup.gp")], check=True)
     print((out / "table.md").read_text())
     return 0
 

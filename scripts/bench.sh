@@ -6,6 +6,9 @@
 # ROUNDS rounds, each of them interleaving, so that drift of the emulated machine
 # hits every tool alike:
 #   setup      cmtime -c N (rdma_cm, in-process)  vs  secure-client bench connect -n N
+#              (per connection, and connections per second: ours also with 4 clients
+#              in flight at once, cold and warm; cmtime issues each step for all N at
+#              once, and Debian's cmtime (rdma-core 44) has no threads of its own)
 #   process    rping -c -C 1 (a process: rdma_cm connect + 1 ping)  vs  secure-client
 #              -e 'send ping' -e quit (a process: TLS, RDMA setup, 1 send acknowledged)
 #   latency    ib_send_lat / ib_write_lat -s SIZE  vs  bench send / bench write -s SIZE
@@ -53,7 +56,7 @@ while [ $# -gt 0 ]; do
                    echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2
                fi
                export VM_CPU=$2; shift 2 ;;
-        -h|--help) sed -n '2,41p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
+        -h|--help) sed -n '2,43p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -106,6 +109,9 @@ echo "round,tool,op,size,protection,metric,value,unit" >"$RAW"
 row() { echo "$1,$2,$3,$4,$5,$6,$7,$8" >>"$RAW"; }
 CLIENT=("$BIN/secure-client" 10.77.0.1 --port 4800 --certs "$WORK/pki" --name bench --timeout 30)
 PORT=18600
+# Clients in flight at once for the concurrent setup rows (the connection server allows 16
+# pending per address, the warm one 8).
+CONC=4
 
 # Waits until something listens on TCP port $1 (a server started in the background).
 listening() {
@@ -207,6 +213,16 @@ for r in $(seq "$ROUNDS"); do
         row "$r" secure-rdma "connect:$phase" 0 protected per_connection_us "$(jq ".phases_us.$phase.mean" <<<"$j")" us
     done
     row "$r" secure-rdma connect:first 0 protected per_connection_us "$(jq .first_connection_us <<<"$j")" us
+    # Connections per second. cmtime issues each step for all of its N connections at once,
+    # so N over its steps' time is already a concurrent rate; ours one at a time, then CONC
+    # clients in flight at once (cold, and on the warm path).
+    row "$r" cmtime connect 0 none connections_per_s "$(awk -v t="$total" 'BEGIN { printf "%.2f", t > 0 ? 1e6 / t : 0 }')" conn/s
+    row "$r" secure-rdma connect 0 protected connections_per_s "$(jq .connections_per_s <<<"$j")" conn/s
+    j=$("${CLIENT[@]/4800/4801}" bench connect -n "$CONNS" --concurrency "$CONC" --json)
+    row "$r" secure-rdma connect:concurrent 0 protected connections_per_s "$(jq .connections_per_s <<<"$j")" conn/s
+    row "$r" secure-rdma connect:concurrent 0 protected per_connection_us "$(jq .per_connection_us.mean <<<"$j")" us
+    j=$("${CLIENT[@]/4800/4803}" bench connect -n "$CONNS" --concurrency "$CONC" --warm --json)
+    row "$r" secure-rdma connect:warm_concurrent 0 protected connections_per_s "$(jq .connections_per_s <<<"$j")" conn/s
     # Three more lanes on each live session (the server's default cap is 8 per identity).
     j=$("${CLIENT[@]/4800/4801}" bench connect -n "$CONNS" --lanes 4 --json)
     row "$r" secure-rdma connect:extra_lane 0 protected per_connection_us "$(jq .lanes.lane_us.mean <<<"$j")" us

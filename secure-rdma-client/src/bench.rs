@@ -195,6 +195,9 @@ pub struct ConnectReport {
     pub phases_us: PhaseSummaries,
     /// Wall time of the whole run.
     pub total_ms: f64,
+    /// Connections per second over the whole run (N over its wall time): with `--concurrency
+    /// C`, what C clients in flight at once achieve together.
+    pub connections_per_s: f64,
     /// Everything after TCP + TLS (admission, RDMA setup, confirmation), per connection: what
     /// compares with an rdma_cm connection.
     pub after_tls_us: Summary,
@@ -525,6 +528,8 @@ async fn connect(
             confirmation: Summary::of(&phases[3]),
         },
         total_ms: round(total.as_secs_f64() * 1e3),
+        // n is at least 1 (validated) and the run took time: no division by zero.
+        connections_per_s: round(n as f64 / total.as_secs_f64().max(f64::MIN_POSITIVE)),
         after_tls_us: Summary::of(&after_tls),
         warm: warm.then(|| {
             let s = connector.warm_stats(None);

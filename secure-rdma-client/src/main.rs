@@ -687,12 +687,14 @@ mod tests {
                 confirmation: s,
             },
             total_ms: 1.0,
+            connections_per_s: 2000.0,
             after_tls_us: s,
             lanes: None,
             warm: None,
         })
         .unwrap();
         assert_eq!(connect["connections"], 2);
+        assert_eq!(connect["connections_per_s"], 2000.0);
         assert!(connect["after_tls_us"]["p50"].is_number());
         // Without --lanes, no lanes key; with it, the extra lane beside the connection.
         assert!(connect.get("lanes").is_none());

@@ -30,6 +30,8 @@ pub struct Report {
     pub stderr: String,
     /// Whether it drew plot.svg.
     pub plot: bool,
+    /// setup.svg's text (bench-report.py's setup plot), empty when it drew none.
+    pub setup_plot: String,
 }
 
 /// Runs `python3 scripts/NAME RAW OUTDIR` on a raw.csv of `header` and `rows` in a fresh
@@ -49,5 +51,6 @@ pub fn report(name: &str, header: &str, rows: &str) -> Report {
         table: std::fs::read_to_string(dir.path().join("table.md")).unwrap_or_default(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         plot: dir.path().join("plot.svg").exists(),
+        setup_plot: std::fs::read_to_string(dir.path().join("setup.svg")).unwrap_or_default(),
     }
 }

@@ -78,6 +78,13 @@ fn bench_connect_send_write_print_sane_json() {
         "{v}"
     );
     assert_eq!(v["tls_resumed"], 10, "{v}");
+    // Connections per second: the ten over the run's wall time (both rounded to 0.01).
+    let total_s = v["total_ms"].as_f64().unwrap_or(0.0) / 1e3;
+    let per_s = v["connections_per_s"].as_f64().unwrap_or(0.0);
+    assert!(
+        total_s > 0.0 && (per_s - 10.0 / total_s).abs() <= 0.01 * per_s.max(1.0),
+        "{v}"
+    );
 
     // The streaming data path (acknowledgements over RDMA, a window in flight) for both
     // operations, and the TLS-acknowledged path of the interactive client.

@@ -135,3 +135,42 @@ fn a_reference_perftest_could_not_time_is_left_out_not_judged_as_zero() {
     );
     assert!(!t.contains("SEND p50 at 64 B"), "{t}");
 }
+
+/// Connections per second: cmtime's rate from its per-connection time, ours one at a time and
+/// four in flight, each against cmtime's.
+#[test]
+fn connections_per_second_are_set_against_cmtimes() {
+    // Setup rows only (bench.sh --setup-only): no latency or bandwidth, so no plot.
+    let r = scripts::report(
+        "bench-report.py",
+        "round,tool,op,size,protection,metric,value,unit",
+        "1,cmtime,connect,0,none,per_connection_us,2500,us\n\
+         1,cmtime,connect,0,none,connections_per_s,400,conn/s\n\
+         1,secure-rdma,connect,0,protected,per_connection_us,14000,us\n\
+         1,secure-rdma,connect,0,protected,connections_per_s,70,conn/s\n\
+         1,secure-rdma,connect:concurrent,0,protected,connections_per_s,180,conn/s\n\
+         1,secure-rdma,connect:concurrent,0,protected,per_connection_us,21000,us\n\
+         1,secure-rdma,connect:warm_concurrent,0,protected,connections_per_s,220,conn/s\n",
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // Its plot: time per connection beside cmtime's, and connections per second.
+    for label in [
+        "µs per connection",
+        "connections per second",
+        "4 in flight, warm",
+    ] {
+        assert!(r.setup_plot.contains(label), "{label} not in setup.svg");
+    }
+    assert!(!r.plot, "no latency rows, no latency plot");
+    let t = r.table;
+    assert!(t.contains("### Connections per second, in-process"), "{t}");
+    for line in [
+        "| cmtime -c N (rdma_cm, every step issued for all N at once) | 400.0 | 1.00x |",
+        "| secure-rdma, one connection at a time | 70.0 | 0.17x |",
+        "| secure-rdma, 4 clients in flight at once | 180.0 | 0.45x |",
+        "| secure-rdma, 4 clients in flight at once, warm path | 220.0 | 0.55x |",
+        "| &nbsp;&nbsp;each connection's own time, 4 in flight (µs) | 21,000.0 | |",
+    ] {
+        assert!(t.contains(line), "{line} missing from:\n{t}");
+    }
+}
