@@ -289,10 +289,10 @@ unset multiplot
         print("bench-report: no latency or bandwidth rows (--setup-only): no plot", file=sys.stderr)
     # The setup tables' plot: per connection against cmtime, and connections per second.
     bars = {
-        "us": [("cmtime", cm), ("new session", ours), ("extra lane", lane), ("warm session", warm),
-               ("warm, after TLS", warm_rdma), ("warm extra lane", warm_lane)],
+        "us": [("cmtime", cm), ("session", ours), ("lane", lane), ("warm session", warm),
+               ("warm, no TLS", warm_rdma), ("warm lane", warm_lane)],
         "rate": [("cmtime", cm_rate)] + [(label, v) for label, v in zip(
-            ["one at a time", "4 in flight", "4 in flight, warm"], (v for _, v in rates))],
+            ["1 at a time", "4 in flight", "4 in flight, warm"], (v for _, v in rates))],
     }
     drawn = []
     for panel, rows in bars.items():
@@ -313,7 +313,7 @@ set style data histograms
 set style fill solid 0.8 border -1
 set boxwidth 0.8
 set yrange [0:*]
-set xtics rotate by -30
+set xtics norotate nomirror
 set grid ytics
 {panels}unset multiplot
 """)

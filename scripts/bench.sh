@@ -216,7 +216,7 @@ for r in $(seq "$ROUNDS"); do
     # Connections per second. cmtime issues each step for all of its N connections at once,
     # so N over its steps' time is already a concurrent rate; ours one at a time, then CONC
     # clients in flight at once (cold, and on the warm path).
-    row "$r" cmtime connect 0 none connections_per_s "$(awk -v t="$total" 'BEGIN { printf "%.2f", t > 0 ? 1e6 / t : 0 }')" conn/s
+    row "$r" cmtime connect 0 none connections_per_s "$(awk -v t="$total" 'BEGIN { printf "%.2f", (t > 0 ? 1e6 / t : 0) }')" conn/s
     row "$r" secure-rdma connect 0 protected connections_per_s "$(jq .connections_per_s <<<"$j")" conn/s
     j=$("${CLIENT[@]/4800/4801}" bench connect -n "$CONNS" --concurrency "$CONC" --json)
     row "$r" secure-rdma connect:concurrent 0 protected connections_per_s "$(jq .connections_per_s <<<"$j")" conn/s
