@@ -137,8 +137,9 @@ struct Cli {
     /// Lanes (RC QPs) of the session, its first included: the extra ones are opened over the
     /// session's one TLS connection (no new TCP or TLS handshake), each with its own keys and
     /// operation stream, and commands spread over them (least outstanding first). More than 1
-    /// implies --rdma-acks. The server caps lanes per identity (--max-lanes-per-identity);
-    /// lanes other than the first are not resumed after a lost session
+    /// implies --rdma-acks. The server caps lanes per identity (--max-lanes-per-identity). A
+    /// lost lane's stream resumes on a new lane; a lost session's lanes resume on the new
+    /// session
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65))]
     lanes: u32,
     /// Keep this many sessions' RDMA resources (PD, CQs, memory regions, a QP in INIT with its

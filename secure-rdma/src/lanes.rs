@@ -31,9 +31,9 @@
 //! number, so new keys) with [`Message::LaneOpen`]'s `resume` naming the lost lane's stream
 //! and where it stands; the server ends the old lane first if it still runs, then answers, in
 //! [`Message::LaneAccept`]'s `resume`, what it delivered of that stream and the answers the
-//! client has not seen; the client sends only the rest again, with their sequences. What lanes
-//! do not have yet: a lane's stream is not kept beyond its session (a lost session resumes
-//! lane 0's stream only).
+//! client has not seen; the client sends only the rest again, with their sequences. The server
+//! keeps a lane's stream in the registry it keeps lane 0's in, so a lost session's lanes are
+//! resumed the same way on the session that replaces it, once lane 0's stream is.
 
 use tokio::io::{AsyncRead, AsyncWrite};
 

@@ -140,3 +140,98 @@ pub fn peer_ports(server_port: u16, peer: &str) -> Vec<u16> {
         })
         .collect()
 }
+
+/// How long `tcp-reset` may take to start watching, or to send its first reset once due.
+const TCP_RESET_STEP: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// A running `tcp-reset` (`tests/src/bin/tcp-reset.rs`): an on-path attacker beside the
+/// client's link that resets the client's TLS connection after its Nth RDMA message. Killed
+/// when dropped.
+pub struct TcpReset {
+    child: std::process::Child,
+    out: crate::secure::Lines,
+    err: crate::secure::Lines,
+}
+
+impl TcpReset {
+    /// Starts `tcp-reset` for the server on `port` and waits until it watches `veth-b`.
+    pub fn start(port: u16, extra: &[&str]) -> TcpReset {
+        let mut child = Command::new(crate::secure::bin("tcp-reset"))
+            .args([
+                "--server",
+                &format!("{}:{port}", crate::ADDR_A),
+                "--client",
+                crate::ADDR_B,
+            ])
+            .args([
+                "--watch",
+                "veth-b",
+                "--inject",
+                "veth-a",
+                "--timeout",
+                "120",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tcp-reset (built by cargo build --workspace --bins)");
+        let out = crate::secure::Lines::collect(child.stdout.take().expect("stdout"));
+        let err = crate::secure::Lines::collect(child.stderr.take().expect("stderr"));
+        err.wait_for("tcp-reset watching", 1, TCP_RESET_STEP, |l| {
+            l.contains("watching")
+        });
+        TcpReset { child, out, err }
+    }
+
+    /// Waits until it has sent its first reset.
+    pub fn wait_reset(&self) {
+        self.out
+            .wait_for("tcp-reset's first reset", 1, TCP_RESET_STEP, |l| {
+                l.starts_with("{\"reset\"")
+            });
+    }
+
+    /// Waits for its exit (0 required); its reset and summary lines.
+    pub fn finish(mut self) -> (Vec<serde_json::Value>, serde_json::Value) {
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(180),
+                "tcp-reset still running\n{}",
+                self.err.snapshot().join("\n")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        self.out.wait_closed(std::time::Duration::from_secs(10));
+        assert!(
+            status.success(),
+            "tcp-reset: {status}\n{}\n{}",
+            self.out.snapshot().join("\n"),
+            self.err.snapshot().join("\n")
+        );
+        let mut resets = Vec::new();
+        let mut summary = serde_json::Value::Null;
+        for l in self.out.snapshot() {
+            let v: serde_json::Value =
+                serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            if v["reset"].is_object() {
+                resets.push(v["reset"].clone());
+            } else {
+                summary = v["summary"].clone();
+            }
+        }
+        (resets, summary)
+    }
+}
+
+impl Drop for TcpReset {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -64,6 +64,22 @@ impl Stats {
 pub struct StreamSummary {
     /// Operations the stream was to make.
     pub ops: u64,
+    /// The session's lanes at the start (`--lanes`), lane 0 included.
+    #[serde(default)]
+    pub lanes: usize,
+    /// The session's lanes at the end: a lost session's lanes are resumed on the new session,
+    /// so this matches `lanes`.
+    #[serde(default)]
+    pub lanes_at_end: usize,
+    /// Lanes resumed on new sessions, over every recovery (each lost session's other lanes).
+    #[serde(default)]
+    pub lanes_resumed: u64,
+    /// Of the resumed lanes' operations: acknowledged by the server's answers.
+    #[serde(default)]
+    pub lanes_acknowledged_while_away: u64,
+    /// Of the resumed lanes' operations: sent again.
+    #[serde(default)]
+    pub lanes_resent: u64,
     /// Operations the application posted (each once; the library's replays are not counted).
     pub sent: u64,
     /// Acknowledgements the application received, in order and each once.
@@ -109,6 +125,17 @@ pub struct StreamSummary {
 /// Checks that `identity`'s deliveries are exactly operations 1 ..= `n`, each once, in order,
 /// each under its own stream sequence; panics with what went wrong (duplicates, gaps, order).
 pub fn assert_exactly_once_in_order(all: &[Delivered], identity: &str, n: u64) {
+    assert_exactly_once(all, identity, n, true)
+}
+
+/// Checks that `identity`'s deliveries are exactly operations 1 ..= `n`, each once, in any
+/// order: what a client with several lanes sends (each lane keeps its own order and stream
+/// sequences, the lanes in no set order). Panics with what went wrong (duplicates, gaps).
+pub fn assert_exactly_once_any_order(all: &[Delivered], identity: &str, n: u64) {
+    assert_exactly_once(all, identity, n, false)
+}
+
+fn assert_exactly_once(all: &[Delivered], identity: &str, n: u64, in_order: bool) {
     let mine: Vec<&Delivered> = all.iter().filter(|d| d.identity == identity).collect();
     let mut problems = Vec::new();
     let mut seen = std::collections::BTreeMap::<String, usize>::new();
@@ -149,6 +176,7 @@ pub fn assert_exactly_once_in_order(all: &[Delivered], identity: &str, n: u64) {
     let misplaced: Vec<String> = mine
         .iter()
         .enumerate()
+        .filter(|_| in_order)
         .filter(|(i, d)| {
             let want = *i as u64 + 1;
             d.content != op_content(want) || d.seq != want
@@ -183,6 +211,9 @@ pub struct StreamSpec {
     /// The client's per-step timeout, in seconds (how long it waits for an acknowledgement
     /// before it gives the session up).
     pub timeout_secs: u64,
+    /// The session's lanes (1: lane 0 alone, every acknowledgement in order). With more, the
+    /// operations spread over the lanes and are acknowledged in no set order.
+    pub lanes: u32,
 }
 
 /// A running `stream-client`.
@@ -223,6 +254,7 @@ impl StreamRun {
             .args(["--window", &spec.window.to_string()])
             .args(["--burst", &spec.burst.to_string()])
             .args(["--timeout", &spec.timeout_secs.to_string()])
+            .args(["--lanes", &spec.lanes.to_string()])
             .env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -138,6 +138,7 @@ fn a_long_stream_rekeyed_every_100_messages_arrives_exactly_once_in_order() {
         window: 16,
         burst: 1,
         timeout_secs: 20,
+        lanes: 1,
     };
     let outcome = stream(&pki, &server, &spec, Duration::from_secs(1800));
     let (send, receive, server) = stop_and_count_rotations(server);
@@ -169,6 +170,7 @@ fn each_threshold_rotates_the_keys_by_its_own_count() {
         window: 16,
         burst: 1,
         timeout_secs: 20,
+        lanes: 1,
     };
     stream(&pki, &s, &spec, Duration::from_secs(300));
     let (send, receive, _) = stop_and_count_rotations(s);

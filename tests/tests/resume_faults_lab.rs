@@ -11,6 +11,8 @@
 //!   that lands kills the session at the server's tag check; the client resumes each time.
 //!   Prints the recovery time per injection and the throughput lost (README numbers).
 //! - Test 6: netem loss, duplication and reordering on both veths: no attacker, only faults.
+//! - Lanes (issue 22): a session with three lanes loses its TLS connection to an on-path
+//!   reset; every lane's stream resumes on the new session, each operation delivered once.
 //!
 //! Every fault is undone by a guard, also when a test fails. Run inside the lab VM:
 //! `scripts/softroce-vm.sh` (scripts/test.sh does).
@@ -18,7 +20,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::faults::NftDrop;
+use secure_rdma_tests::faults::{NftDrop, TcpReset};
 use secure_rdma_tests::secure::{bin, Pki};
 use secure_rdma_tests::stream::{
     assert_exactly_once_in_order, MessageServer, Netem, Stats, StreamOutcome, StreamRun, StreamSpec,
@@ -81,6 +83,7 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
         burst: 1,
         // Gives the session up soon after its acknowledgements stop.
         timeout_secs: 3,
+        lanes: 1,
     };
     let run = StreamRun::start(&pki, PORT, VICTIM, &spec);
     server.wait_until("the stream under way", STEP, |s| {
@@ -132,6 +135,93 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
     // (the deliveries counted from the server's output after the rule was in are only
     // indicative: the rule is in before nft returns).
     assert!(s.acknowledged_while_away >= 1, "{}", out.summary_line);
+}
+
+// ------------------------------------------------------------------ lanes across a lost session
+
+/// Issue 22, lanes resume per lane: a session with three lanes streams 600 operations (16 in
+/// flight over all lanes) and an on-path attacker resets its TLS connection after the client's
+/// 150th RDMA message (`tcp-reset`, the client's TCP connection only: the server's session
+/// goes on until the client's resume ends it). The client resumes lane 0's stream on a new
+/// session and then each other lane's stream on a new lane of it: the server ended and drained
+/// the old lanes, and answers each lane's resume from its stream registry as it answers lane
+/// 0's. Every operation is delivered exactly once (in any order across lanes) and
+/// acknowledged once; the session has its three lanes again at the end.
+///
+/// Before, the lost session's lanes were closed with it, and a lane with operations in flight
+/// made the resume fail (`ClientError::LanesLost`): the stream ended early with those
+/// operations neither acknowledged nor sent again.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_lost_sessions_lanes_are_resumed_on_the_new_session_and_every_operation_arrives_once() {
+    const PORT: u16 = 4765;
+    const OPS: u64 = 600;
+    require_lab();
+    let pki = pki(&[VICTIM]);
+    let server = MessageServer::start(pki.dir(), PORT, &["--ids"]);
+    // Watching before the client connects: it must see the connection's segments.
+    let resetter = TcpReset::start(PORT, &["--after-messages", "150"]);
+    let spec = StreamSpec {
+        ops: OPS,
+        rate: 0.0,
+        window: 16,
+        burst: 1,
+        timeout_secs: 10,
+        lanes: 3,
+    };
+    let run = StreamRun::start(&pki, PORT, VICTIM, &spec);
+    let out = run.finish(Duration::from_secs(300));
+    // Exits 0 only after a reset.
+    let (resets, _) = resetter.finish();
+    let s = &out.summary;
+    let ctx = || {
+        format!(
+            "stream-client exited {}; summary {}\nstream-client stderr:\n{}\ntcp-reset: {resets:?}\n{}",
+            out.status,
+            out.summary_line,
+            out.stderr,
+            server.context()
+        )
+    };
+    println!(
+        "{}",
+        json!({"lanes_across_a_lost_session": {
+            "ops": OPS,
+            "lanes": s.lanes,
+            "lanes_at_end": s.lanes_at_end,
+            "losses": s.losses,
+            "resumes": s.resumes,
+            "lane0_acknowledged_while_away": s.acknowledged_while_away,
+            "lane0_resent": s.resent,
+            "lanes_resumed": s.lanes_resumed,
+            "lanes_acknowledged_while_away": s.lanes_acknowledged_while_away,
+            "lanes_resent": s.lanes_resent,
+            "sessions": server.sessions(),
+            "recovery_ms": {"p50": s.recovery_ms.p50, "max": s.recovery_ms.max},
+            "resume_events": s.resume_events,
+        }})
+    );
+    assert!(!resets.is_empty(), "{}", ctx());
+    assert!(out.status.success() && s.ok, "{}", ctx());
+    assert_eq!((s.sent, s.acknowledged), (OPS, OPS), "{}", ctx());
+    let deliveries = server.deliveries();
+    let once = std::panic::catch_unwind(|| {
+        secure_rdma_tests::stream::assert_exactly_once_any_order(&deliveries, VICTIM, OPS)
+    });
+    if let Err(e) = once {
+        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        panic!("{msg}\n{}", ctx());
+    }
+    // The reset cost the session, and every lane came back on the new one, with what it had
+    // in flight at the loss either learned from the server's answers or sent again.
+    assert!(s.resumes >= 1 && server.sessions() >= 2, "{}", ctx());
+    assert_eq!((s.lanes, s.lanes_at_end), (3, 3), "{}", ctx());
+    assert!(s.lanes_resumed >= 2, "{}", ctx());
+    assert!(
+        s.lanes_acknowledged_while_away + s.lanes_resent >= 1,
+        "no lane had an operation in flight at the loss: the test did not reach the lanes' resume\n{}",
+        ctx()
+    );
 }
 
 // ------------------------------------------------------------------ test 5
@@ -223,6 +313,7 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             window: 16,
             burst: BURST,
             timeout_secs: 10,
+            lanes: 1,
         },
     )
     .finish(Duration::from_secs(120));
@@ -239,6 +330,7 @@ fn a_storm_of_forged_packets_kills_session_after_session_and_every_operation_arr
             window: 16,
             burst: BURST,
             timeout_secs: 10,
+            lanes: 1,
         },
     );
     server.wait_until("the stream under way", STEP, |s| {
@@ -380,6 +472,7 @@ fn loss_duplication_and_reordering_on_the_link_still_deliver_every_operation_onc
             window: 16,
             burst: 1,
             timeout_secs: 10,
+            lanes: 1,
         },
     );
     let out = run.finish(Duration::from_secs(600));

@@ -13,15 +13,13 @@
 //! examples with `cargo build --examples`).
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use secure_rdma_tests::example::{Delivered, MessageServer};
-use secure_rdma_tests::faults::{peer_ports, NftDrop};
+use secure_rdma_tests::faults::{peer_ports, NftDrop, TcpReset};
 use secure_rdma_tests::piped::{Piped, Program};
-use secure_rdma_tests::secure::{bin, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, wait_until, ADDR_A, ADDR_B};
-use serde_json::Value;
+use secure_rdma_tests::secure::{Pki, ServerProc};
+use secure_rdma_tests::{require_lab, wait_until, ADDR_B};
 
 /// How long one lab step may take under TCG before the test fails.
 const STEP: Duration = Duration::from_secs(90);
@@ -348,87 +346,6 @@ fn baseline_lost_tls_acknowledgement_without_resume_is_delivered_twice_library_c
 
 // ------------------------------------------------------------------ 3. an on-path TCP reset
 
-/// A running `tcp-reset`.
-struct Resetter {
-    child: Child,
-    out: Lines,
-    err: Lines,
-}
-
-impl Resetter {
-    /// Starts `tcp-reset` for the server on `port` and waits until it watches `veth-b`.
-    fn start(port: u16, extra: &[&str]) -> Resetter {
-        let mut child = Command::new(bin("tcp-reset"))
-            .args(["--server", &format!("{ADDR_A}:{port}"), "--client", ADDR_B])
-            .args([
-                "--watch",
-                "veth-b",
-                "--inject",
-                "veth-a",
-                "--timeout",
-                "120",
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn tcp-reset (built by cargo build --workspace --bins)");
-        let out = Lines::collect(child.stdout.take().expect("stdout"));
-        let err = Lines::collect(child.stderr.take().expect("stderr"));
-        err.wait_for("tcp-reset watching", 1, STEP, |l| l.contains("watching"));
-        Resetter { child, out, err }
-    }
-
-    /// Waits until it has sent its first reset.
-    fn wait_reset(&self) {
-        self.out.wait_for("tcp-reset's first reset", 1, STEP, |l| {
-            l.starts_with("{\"reset\"")
-        });
-    }
-
-    /// Waits for its exit (0 required); its reset and summary lines.
-    fn finish(mut self) -> (Vec<Value>, Value) {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(180),
-                "tcp-reset still running\n{}",
-                self.err.snapshot().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        self.out.wait_closed(Duration::from_secs(10));
-        assert!(
-            status.success(),
-            "tcp-reset: {status}\n{}\n{}",
-            self.out.snapshot().join("\n"),
-            self.err.snapshot().join("\n")
-        );
-        let mut resets = Vec::new();
-        let mut summary = Value::Null;
-        for l in self.out.snapshot() {
-            let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
-            if v["reset"].is_object() {
-                resets.push(v["reset"].clone());
-            } else {
-                summary = v["summary"].clone();
-            }
-        }
-        (resets, summary)
-    }
-}
-
-impl Drop for Resetter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The message the reset follows, marked by its size: at least [`MARK_BYTES`] of payload on
 /// the wire (the sealed `ONCE-1` carries 6 bytes and 32 of header and tag), so that
 /// `tcp-reset` counts no other RDMA message. Short enough for secure-server's log to show it
@@ -454,7 +371,7 @@ fn reset_after_send(port: u16, via: Via) {
     // Before the client connects: it must see the connection's segments to know the client's
     // next expected sequence number.
     let mark = MARK_BYTES.to_string();
-    let resetter = Resetter::start(port, &["--after-messages", "1", "--min-payload", &mark]);
+    let resetter = TcpReset::start(port, &["--after-messages", "1", "--min-payload", &mark]);
     let mut client = lab.client(&[]);
     let p = client.program;
     assert_eq!(client.send_acked(ONCE_1), ack_line(p, 1, ONCE_1.len()));

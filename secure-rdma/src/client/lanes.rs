@@ -34,6 +34,29 @@ pub(crate) struct Lane {
     answered: Resume,
 }
 
+impl Lane {
+    /// What a lane that resumes this one's stream says of it: the oldest operation it keeps
+    /// (or the next it would send) and the highest it sent.
+    fn hello(&self) -> crate::handshake::StreamHello {
+        crate::handshake::StreamHello {
+            id: self.stream,
+            next: self.outstanding.front().map_or(self.next_seq, |k| k.seq),
+            sent: self.sent,
+        }
+    }
+}
+
+/// What resuming a lost session's other lanes did (`Client::resume_lanes`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LanesResumed {
+    /// Lanes resumed.
+    pub(crate) lanes: usize,
+    /// Their operations the server's answers acknowledged.
+    pub(crate) acknowledged: usize,
+    /// Their operations sent again.
+    pub(crate) resent: usize,
+}
+
 /// An operation kept until the server acknowledges it.
 pub(crate) struct Kept {
     seq: u64,
@@ -337,17 +360,58 @@ impl super::Client {
         cause: ClientError,
     ) -> Result<Vec<Ack>, ClientError> {
         let old = &self.lanes[i];
-        let hello = crate::handshake::StreamHello {
-            id: old.stream,
-            next: old.outstanding.front().map_or(old.next_seq, |k| k.seq),
-            sent: old.sent,
-        };
         tracing::info!(lane = old.index, stream = %old.stream.short(), error = %cause, "lane lost; resuming its stream on a new lane");
-        let (mut lane, _) = self.open_lane(hello.id, Some(hello)).await?;
+        let (lane, _) = self.open_lane(old.stream, Some(old.hello())).await?;
         // The lost lane's QP goes now: the server drained its end before answering. A closing
         // of it the server sent meanwhile is moot.
         let old = self.lanes.remove(i);
         self.link.closed_lanes.take(old.index);
+        let (lane, acks) = self.carry_on(old, lane).await?;
+        self.lanes.insert(i, lane);
+        Ok(acks)
+    }
+
+    /// Carries the streams of the lanes of a lost session on new lanes of the session that
+    /// replaced it ([`Client::resume_lane`] for each, in order): the server ended and drained
+    /// the old lanes with their session before it answers. Their answers go to `ready`. A lane
+    /// that cannot be opened leaves it and the lanes after it in place, unresumed, for the next
+    /// attempt (the error says why).
+    pub(crate) async fn resume_lanes(
+        &mut self,
+        mut old: Vec<Lane>,
+        ready: &mut VecDeque<Ack>,
+    ) -> Result<LanesResumed, ClientError> {
+        let mut done = LanesResumed::default();
+        while !old.is_empty() {
+            let opened = self.open_lane(old[0].stream, Some(old[0].hello())).await;
+            let lane = match opened {
+                Ok((lane, _)) => lane,
+                Err(e) => {
+                    self.lanes.append(&mut old);
+                    return Err(e);
+                }
+            };
+            let lost = old.remove(0);
+            tracing::info!(lane = lost.index, new_lane = lane.index, stream = %lost.stream.short(), kept = lost.outstanding.len(), "the lost session's lane resumed on the new session");
+            let kept = lost.outstanding.len();
+            let (lane, acks) = self.carry_on(lost, lane).await?;
+            done.lanes += 1;
+            done.acknowledged += acks.len();
+            done.resent += kept - acks.len();
+            ready.extend(acks);
+            self.lanes.push(lane);
+        }
+        Ok(done)
+    }
+
+    /// `lane`, just opened to resume `old`'s stream, goes on where the server's answer says:
+    /// the answers it carried are returned (in `old`'s order), what it did not deliver is
+    /// posted again with its sequences.
+    async fn carry_on(
+        &mut self,
+        old: Lane,
+        mut lane: Lane,
+    ) -> Result<(Lane, Vec<Ack>), ClientError> {
         let posted = old.posted;
         let mut kept = old.outstanding;
         drop(old.session);
@@ -384,8 +448,7 @@ impl super::Client {
                 .await?;
         }
         lane.posted += posted;
-        self.lanes.insert(i, lane);
-        Ok(acks)
+        Ok((lane, acks))
     }
 
     /// The most lanes the server allows this client's identity (its sessions' first lanes

@@ -346,16 +346,6 @@ pub enum ClientError {
         #[source]
         source: SessionError,
     },
-    /// The session was lost while its other lanes had operations unacknowledged: lane 0's
-    /// stream was resumed on a new session, but the other lanes, which belonged to the lost
-    /// TLS connection, are closed and not resumed.
-    #[error("the session was lost with {unacknowledged} operations unacknowledged on its {lanes} other lanes, which are not resumed (the first lane's stream was); open lanes again and send those again if they are idempotent")]
-    LanesLost {
-        /// The lanes closed.
-        lanes: usize,
-        /// Their operations without an acknowledgement.
-        unacknowledged: usize,
-    },
 }
 
 impl ClientError {

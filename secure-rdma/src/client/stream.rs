@@ -84,6 +84,14 @@ pub struct ResumeEvent {
     pub identity: String,
     /// The new session's payload cipher (`None`: payloads in clear).
     pub cipher: Option<crate::protect::Cipher>,
+    /// The lost session's other lanes, each of whose streams was resumed on a new lane of the
+    /// new session (0 without lanes).
+    pub lanes_resumed: usize,
+    /// Of those lanes' operations: acknowledged by the server's answers (delivered while
+    /// their acknowledgement was lost)...
+    pub lanes_acknowledged: usize,
+    /// ...and sent again on the new lanes (not delivered).
+    pub lanes_resent: usize,
 }
 
 /// What a recovery is doing, as it happens ([`Client::on_recovery`]).
@@ -117,6 +125,20 @@ type Observer = Box<dyn FnMut(Recovering<'_>) + Send>;
 /// operations sent again`.
 impl std::fmt::Display for ResumeEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.fmt_lane0(f)?;
+        if self.lanes_resumed > 0 {
+            write!(
+                f,
+                "; {} more lanes resumed: {} acknowledged while away, {} sent again",
+                self.lanes_resumed, self.lanes_acknowledged, self.lanes_resent
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl ResumeEvent {
+    fn fmt_lane0(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.outcome {
             ResumeOutcome::Resumed { acknowledged } => write!(
                 f,
@@ -385,9 +407,12 @@ impl Client {
             0 => self.post_lane0(op, data).await,
             i => {
                 let mut acks = Vec::new();
-                let mut resumes = 0;
+                let (mut resumes, mut recoveries) = (0, 0);
                 loop {
-                    let lane = &mut self.lanes[i - 1];
+                    let Some(lane) = self.lanes.get_mut(i - 1) else {
+                        // A recovery below could not bring every lane back.
+                        return Err(ClientError::NoLanes);
+                    };
                     let (chan, closed) = (&mut self.link.chan, &mut self.link.closed_lanes);
                     let result = match lane.outstanding.len() >= lane.window() {
                         true => lane.next_ack(chan, closed).await.map(|a| acks.push(a)),
@@ -405,6 +430,14 @@ impl Client {
                         Err(e @ ClientError::LaneLost { .. }) if resumes == 0 => {
                             resumes += 1;
                             acks.extend(self.resume_lane(i - 1, e).await?);
+                        }
+                        // The whole session was lost (heard on this lane's wait): recovered
+                        // as lane 0 recovers it, every lane's stream resumed on the new
+                        // session, then this lane goes on. Once, as above.
+                        Err(e) if recoveries == 0 && e.is_session_lost() => {
+                            recoveries += 1;
+                            self.recover(e).await?;
+                            acks.extend(self.ready.drain(..));
                         }
                         Err(e) => return Err(e),
                     }
@@ -474,8 +507,9 @@ impl Client {
         while !self.unacked.is_empty() || !self.ready.is_empty() {
             acks.push(self.ack().await?);
         }
-        for i in 0..self.lanes.len() {
-            let mut resumes = 0;
+        let mut i = 0;
+        while i < self.lanes.len() {
+            let (mut resumes, mut recoveries) = (0, 0);
             while !self.lanes[i].outstanding.is_empty() {
                 let (chan, closed) = (&mut self.link.chan, &mut self.link.closed_lanes);
                 match self.lanes[i].next_ack(chan, closed).await {
@@ -485,9 +519,24 @@ impl Client {
                         resumes += 1;
                         acks.extend(self.resume_lane(i, e).await?);
                     }
+                    // The whole session was lost: recovered with every lane's stream (the
+                    // lanes keep their order), then this lane's wait goes on.
+                    Err(e) if recoveries == 0 && e.is_session_lost() => {
+                        recoveries += 1;
+                        self.recover(e).await?;
+                        acks.extend(self.ready.drain(..));
+                        if i >= self.lanes.len() {
+                            return Err(ClientError::NoLanes);
+                        }
+                    }
                     Err(e) => return Err(e),
                 }
             }
+            i += 1;
+        }
+        // A recovery while waiting for a lane sent lane 0's kept operations again.
+        while !self.unacked.is_empty() || !self.ready.is_empty() {
+            acks.push(self.ack().await?);
         }
         Ok(acks)
     }
@@ -574,7 +623,7 @@ impl Client {
         loop {
             attempts += 1;
             match self.resume_once(recovery).await {
-                Ok((outcome, resent)) => {
+                Ok((outcome, resent, lanes)) => {
                     tracing::info!(
                         stream = %self.stream.short(),
                         ?outcome,
@@ -592,6 +641,9 @@ impl Client {
                         took: lost.elapsed(),
                         identity: self.identity.clone(),
                         cipher: self.link.session.cipher(),
+                        lanes_resumed: lanes.lanes,
+                        lanes_acknowledged: lanes.acknowledged,
+                        lanes_resent: lanes.resent,
                     };
                     self.tell(Recovering::Recovered(&event));
                     return Ok(event);
@@ -628,7 +680,7 @@ impl Client {
     async fn resume_once(
         &mut self,
         recovery: Recovery,
-    ) -> Result<(ResumeOutcome, usize), ClientError> {
+    ) -> Result<(ResumeOutcome, usize, super::lanes::LanesResumed), ClientError> {
         if recovery == Recovery::Resend {
             // A new stream: the server cannot know which of these it has, so they are sent
             // again under new sequences.
@@ -640,26 +692,11 @@ impl Client {
             sent: self.sent,
         };
         let (link, identity, device, resume, _) = self.connector.connect_link(hello).await?;
-        // The other lanes belonged to the lost session's TLS connection, which the server
-        // ends with it: they go too, and what they had unacknowledged is reported, since lanes
-        // other than the first are not resumed.
-        let orphaned: usize = self.lanes.iter().map(|l| l.outstanding.len()).sum();
-        let lost_lanes = self.lanes.len();
-        self.lanes.clear();
         // The old link goes now: its QP can deliver nothing the new answer does not cover.
         self.link = link;
-        if orphaned > 0 {
-            return Err(ClientError::LanesLost {
-                lanes: lost_lanes,
-                unacknowledged: orphaned,
-            });
-        }
-        if lost_lanes > 0 {
-            tracing::warn!(
-                lanes = lost_lanes,
-                "the lost session's other lanes are closed; the new session has one lane"
-            );
-        }
+        // Lane numbers name keys within one TLS connection: the new one starts them again.
+        self.next_lane = 1;
+        self.lane_turn = 0;
         self.identity = identity;
         self.device = device;
         for p in self.unacked.iter_mut() {
@@ -691,7 +728,15 @@ impl Client {
         };
         let resent = self.unacked.len();
         self.post_pending().await?;
-        Ok((outcome, resent))
+        // The other lanes belonged to the lost session's TLS connection, which the server
+        // ended with it (drained): each is resumed on the new session now that lane 0 is.
+        // Until here they stay in place, so an attempt that fails above leaves them for the
+        // next.
+        let lost_lanes = std::mem::take(&mut self.lanes);
+        let mut ready = std::mem::take(&mut self.ready);
+        let resumed = self.resume_lanes(lost_lanes, &mut ready).await;
+        self.ready = ready;
+        Ok((outcome, resent, resumed?))
     }
 }
 

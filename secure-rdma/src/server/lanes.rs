@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use super::admission::KeyCounts;
 use super::handler::{Delivery, Peer};
 use super::session_loop::{datapath_failure, log_arrival};
+use super::streams::StreamLease;
 use super::Shared;
 use crate::datapath::{Ack, AckStatus, Op, StreamId};
 use crate::events::DataPathCause;
@@ -126,15 +127,11 @@ impl RunningLanes {
     }
 }
 
-/// How a lane's loop ended, and where its stream stands: what a lane that resumes the stream is
-/// answered from.
+/// How a lane's loop ended. Where its stream stands is in the server's stream registry
+/// ([`super::streams`]), which a lane that resumes the stream, in this session or a later one,
+/// is answered from.
 pub(super) struct LaneEnd {
     pub(super) lane: u32,
-    pub(super) stream: StreamId,
-    /// The highest sequence of the stream the lane delivered (and answered).
-    pub(super) delivered: u64,
-    /// The last answers, oldest first (at most [`super::ACK_MEMORY`]).
-    pub(super) acks: std::collections::VecDeque<Ack>,
     pub(super) reason: String,
 }
 
@@ -254,44 +251,40 @@ impl<'a> LaneContext<'a> {
 
     /// Confirms lane `lane` (the client's token first, then ours) and delivers what arrives on
     /// it, in order, each acknowledged over the lane's own QP, until `ending` says the session
-    /// ends or the lane fails. Returns the lane's number and why it ended; its QP is drained
-    /// before.
+    /// ends, a newer lane takes its stream over or the lane fails. Each answer is recorded in
+    /// `lease`, its stream's, before the client hears it. Returns the lane's number and why it
+    /// ended; its QP is drained before the stream is let go.
     pub(super) async fn serve(
         &self,
         lane: u32,
-        stream: StreamId,
-        first: u64,
+        mut lease: StreamLease,
         unconfirmed: Unconfirmed,
         held: LaneHeld<'a>,
         mut ending: watch::Receiver<bool>,
     ) -> LaneEnd {
-        let mut acks = std::collections::VecDeque::new();
-        let mut seq = first.saturating_sub(1);
+        let mut seq = lease.first.saturating_sub(1);
         let reason = self
-            .run(lane, stream, &mut seq, &mut acks, unconfirmed, &mut ending)
+            .run(lane, &mut lease, &mut seq, unconfirmed, &mut ending)
             .await;
         drop(held);
         tracing::info!(client = %self.identity, lane, %reason, delivered = seq, "lane closed; its QP is freed");
-        LaneEnd {
-            lane,
-            stream,
-            delivered: seq,
-            acks,
-            reason,
-        }
+        // Drained: nothing more of the lane can be delivered, so a resume waiting for the
+        // stream reads its final state.
+        drop(lease);
+        LaneEnd { lane, reason }
     }
 
-    /// [`LaneContext::serve`]'s loop: `seq` and `acks` follow what it delivered. Returns why it
-    /// ended, once its QP is drained.
+    /// [`LaneContext::serve`]'s loop: `seq` follows what it delivered. Returns why it ended,
+    /// once its QP is drained.
     async fn run(
         &self,
         lane: u32,
-        stream: StreamId,
+        lease: &mut StreamLease,
         seq: &mut u64,
-        acks: &mut std::collections::VecDeque<Ack>,
         unconfirmed: Unconfirmed,
         ending: &mut watch::Receiver<bool>,
     ) -> String {
+        let stream = lease.id();
         let metrics = &self.shared.metrics;
         let timeout = self.session_cfg.timeout;
         let confirmed = tokio::select! {
@@ -317,6 +310,9 @@ impl<'a> LaneContext<'a> {
         let reason = loop {
             tokio::select! {
                 _ = ending.changed() => break "the session ended".to_owned(),
+                // A lane of a later session resumes this stream (this session was lost to its
+                // client): this lane ends, drained, before that lane is answered.
+                _ = lease.evicted() => break "the client resumed the lane's stream on a new session".to_owned(),
                 arrival = session.arrival() => {
                     let arrival = match arrival {
                         Ok(a) => a,
@@ -342,10 +338,12 @@ impl<'a> LaneContext<'a> {
                     let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);
                     let mut status = AckStatus::Delivered;
                     match &self.shared.handler {
-                        None => log_arrival(self.identity, op, seq, false, arrival.data(), &mut content_log),
+                        None => log_arrival(self.identity, op, seq, seq <= lease.flagged_through, arrival.data(), &mut content_log),
                         Some(handler) => {
+                            // The server had lost the stream's state (an expired resume): what
+                            // the client sends again may have been delivered before.
                             let delivery = Delivery::new(Arc::clone(&self.peer), seq, arrival)
-                                .in_stream(stream, false);
+                                .in_stream(stream, seq <= lease.flagged_through);
                             let handled = tokio::select! {
                                 handled = handler.handle_boxed(delivery) => handled,
                                 _ = ending.changed() => break "the session ended".to_owned(),
@@ -363,10 +361,7 @@ impl<'a> LaneContext<'a> {
                     let ack = Ack { op, seq, bytes, status };
                     // Remembered before the client hears it: a lane that resumes this stream
                     // is answered from here.
-                    if acks.len() == super::ACK_MEMORY {
-                        acks.pop_front();
-                    }
-                    acks.push_back(ack);
+                    lease.answered(ack);
                     if let Err(e) = session.post(Op::Send, &ack.encode()).await {
                         break datapath_failure(metrics, self.identity, &e);
                     }

@@ -26,7 +26,6 @@ use crate::datapath::{AbortReason, Ack, AckStatus, Op};
 use crate::handshake::{RejectReason, Resume};
 use crate::lanes::SessionRequest;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use std::collections::HashMap;
 
 /// What a client that listed [`crate::lanes::LANE_CLOSED`] hears of a lane that ended on its
 /// own.
@@ -40,46 +39,39 @@ fn lane_closed_notice(end: &LaneEnd) -> Message {
 /// One lane's loop ([`LaneContext::serve`]), run beside its session's.
 type LaneLoop<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = LaneEnd> + Send + 'a>>;
 
-/// The answer to a lane request about its stream, and the stream's first operation on the new
-/// lane: a fresh stream starts at 1; a resumed one where the ended lane's delivery stopped,
-/// with the answers the client has not seen; one the session no longer knows is expired (the
-/// client sends everything it kept again). `running`: a lane still carries the stream.
-fn lane_resume(
+/// Takes the stream a lane request names from the server's stream registry: a resumed one is
+/// answered from what the registry knows (its holder, a lane of an earlier session, ended and
+/// drained first); a fresh one must be new. `lane0` is this session's first stream; `carried`:
+/// a running lane of this session still carries the stream.
+async fn claim_lane(
     req: &crate::lanes::LaneRequest,
-    ended: &mut HashMap<StreamId, LaneEnd>,
-    running: bool,
-) -> (Result<Resume, String>, u64) {
-    if running {
-        return (
-            Err("the lane's stream is still carried by another lane of this session".into()),
-            1,
-        );
+    lane0: StreamId,
+    carried: bool,
+    streams: &Arc<super::streams::Streams>,
+    identity: &str,
+    wait: Duration,
+) -> Result<super::streams::StreamLease, String> {
+    if req.stream == lane0 {
+        return Err("a lane names its session's first stream: draw a new one".into());
     }
-    match req.resume {
-        None if ended.contains_key(&req.stream) => (
-            Err("a fresh lane names a stream this session already used: draw a new one".into()),
-            1,
-        ),
-        None => (Ok(Resume::New), 1),
-        Some(hello) => match ended.remove(&req.stream) {
-            None => (Ok(Resume::Expired), hello.next),
-            Some(end) => {
-                let acks = end
-                    .acks
-                    .iter()
-                    .filter(|a| a.seq >= hello.next && a.seq <= end.delivered)
-                    .map(|a| crate::handshake::AckRecord::from(*a))
-                    .collect();
-                (
-                    Ok(Resume::Resumed {
-                        delivered: end.delivered,
-                        acks,
-                    }),
-                    end.delivered + 1,
-                )
-            }
+    if carried {
+        return Err("the lane's stream is still carried by another lane of this session".into());
+    }
+    let hello = match req.resume {
+        Some(hello) => hello,
+        None if streams.in_use(identity, req.stream) => {
+            return Err("a fresh lane names a stream already in use: draw a new one".into())
+        }
+        None => crate::handshake::StreamHello {
+            id: req.stream,
+            next: 1,
+            sent: 0,
         },
-    }
+    };
+    streams
+        .claim(identity, hello, wait)
+        .await
+        .map_err(|e| e.to_string())
 }
 use crate::events::DataPathCause;
 use crate::handshake::{HandshakeError, Message};
@@ -242,8 +234,6 @@ pub(super) async fn serve_session(
     // The running lanes, by number: the session's end ends them all, and a lane that resumes a
     // stream ends the lane that still carries it first.
     let mut running = RunningLanes::default();
-    // Where the streams of ended lanes stand: a lane that resumes one is answered from here.
-    let mut ended_lanes: HashMap<StreamId, LaneEnd> = HashMap::new();
     let mut lane_loops: FuturesUnordered<LaneLoop<'_>> = FuturesUnordered::new();
     // Every lane number this session opened, closed ones too: a number names the lane's keys,
     // so it is never opened twice (its sequences would start again under the same keys).
@@ -271,7 +261,6 @@ pub(super) async fn serve_session(
                 // stream at once rather than after its ack timeout.
                 let on_its_own = running.ended(end.lane);
                 let notice = lane_closed_notice(&end);
-                ended_lanes.insert(end.stream, end);
                 if on_its_own && lane_closed {
                     if let Err(reason) = send_within(&mut chan, &notice, limits.write_timeout).await {
                         break reason;
@@ -298,7 +287,6 @@ pub(super) async fn serve_session(
                                     if running.ended(end.lane) && lane_closed {
                                         notices.push(lane_closed_notice(&end));
                                     }
-                                    ended_lanes.insert(end.stream, end);
                                     if done {
                                         break;
                                     }
@@ -318,24 +306,32 @@ pub(super) async fn serve_session(
                         }
                     }
                     // Still carried after the wait (its drain outlived it): refused, not
-                    // answered from a stream state that may still move.
-                    let (resume, first) = lane_resume(&req, &mut ended_lanes, running.carries(req.stream));
-                    let opened = match &resume {
-                        Err(refused) => Err(Refused { reason: RejectReason::Policy { detail: refused.clone() }, label: "policy" }),
-                        Ok(_) => {
+                    // answered from a stream state that may still move. Otherwise the
+                    // registry answers, as it answers a session's first stream, so a lane
+                    // resumes its stream in this session or in the next one.
+                    let claimed = claim_lane(&req, stream.id(), running.carries(req.stream), &shared.streams, &identity, cfg.handshake_timeout).await;
+                    let opened = match claimed {
+                        Err(refused) => Err(Refused { reason: RejectReason::Policy { detail: refused }, label: "policy" }),
+                        Ok(lease) => {
                             let conn = chan.get_ref().get_ref().1;
-                            lane_ctx.open(&req, &used_lanes, first, conn).await
+                            lane_ctx.open(&req, &used_lanes, lease.first, conn).await.map(|(u, h)| (u, h, lease))
                         }
                     };
                     let answer = match opened {
-                        Ok((unconfirmed, held)) => {
+                        Ok((unconfirmed, held, lease)) => {
                             let endpoint = unconfirmed.local();
                             used_lanes.push(req.lane);
+                            // A fresh lane's stream is new (one claimed before and let go with
+                            // nothing answered reads as resumed at 0).
+                            let resume = match req.resume {
+                                Some(_) => lease.resume.clone(),
+                                None => Resume::New,
+                            };
                             let (ender, end) = watch::channel(false);
                             running.start(req.lane, req.stream, ender);
-                            lane_loops.push(Box::pin(lane_ctx.serve(req.lane, req.stream, first, unconfirmed, held, end)));
+                            lane_loops.push(Box::pin(lane_ctx.serve(req.lane, lease, unconfirmed, held, end)));
                             metrics.verb(device.name(), TimedVerb::QpSetup, opening.elapsed());
-                            Message::LaneAccept { lane: req.lane, endpoint, resume: resume.unwrap_or_default() }
+                            Message::LaneAccept { lane: req.lane, endpoint, resume }
                         }
                         Err(refused) => {
                             metrics.lane_refused(refused.label);
@@ -642,61 +638,124 @@ mod lane_tests {
         }
     }
 
-    #[test]
-    fn a_lane_resumes_its_stream_from_what_the_ended_lane_delivered() {
-        let id = StreamId([7; 16]);
-        let mut ended = HashMap::new();
-        ended.insert(
-            id,
-            LaneEnd {
-                lane: 1,
-                stream: id,
-                delivered: 5,
-                acks: (1..=5).map(ack).collect(),
-                reason: "RDMA message failed authentication".into(),
-            },
-        );
+    fn lease_of(
+        claimed: Result<super::super::streams::StreamLease, String>,
+    ) -> super::super::streams::StreamLease {
+        match claimed {
+            Ok(lease) => lease,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lane_resumes_its_stream_from_what_the_registry_knows() {
+        let streams = Arc::new(super::super::streams::Streams::new(Duration::from_secs(
+            120,
+        )));
+        let (lane0, id) = (StreamId([1; 16]), StreamId([7; 16]));
+        let wait = Duration::from_secs(1);
+        let lease =
+            lease_of(claim_lane(&request(id, None), lane0, false, &streams, "alice", wait).await);
+        assert_eq!((lease.resume.clone(), lease.first), (Resume::New, 1));
+        for seq in 1..=5 {
+            lease.answered(ack(seq));
+        }
+        // The lane ends (in this session, or with a lost session).
+        drop(lease);
         // The client has answers up to 3 and sent up to 6: #4 and #5 are answered from the
-        // ended lane's state, #6 goes again from the new lane's first sequence, 6.
+        // registry, #6 goes again from the new lane's first sequence, 6.
         let hello = StreamHello {
             id,
             next: 4,
             sent: 6,
         };
-        let (resume, first) = lane_resume(&request(id, Some(hello)), &mut ended, false);
-        let Ok(Resume::Resumed { delivered, acks }) = resume else {
-            panic!("{resume:?}")
+        let lease = lease_of(
+            claim_lane(
+                &request(id, Some(hello)),
+                lane0,
+                false,
+                &streams,
+                "alice",
+                wait,
+            )
+            .await,
+        );
+        let Resume::Resumed { delivered, acks } = &lease.resume else {
+            panic!("{:?}", lease.resume)
         };
-        assert_eq!((delivered, first), (5, 6));
+        assert_eq!((*delivered, lease.first), (5, 6));
         assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [4, 5]);
-        // The state is used once: asked again, the stream is unknown (expired), sent from next.
-        let (resume, first) = lane_resume(&request(id, Some(hello)), &mut ended, false);
-        assert_eq!((resume, first), (Ok(Resume::Expired), 4));
+        // Another identity cannot name it.
+        drop(lease);
+        let refused = claim_lane(
+            &request(id, Some(hello)),
+            lane0,
+            false,
+            &streams,
+            "mallory",
+            wait,
+        )
+        .await;
+        assert!(refused
+            .err()
+            .unwrap_or_default()
+            .contains("another identity"));
     }
 
-    #[test]
-    fn a_fresh_lane_needs_a_fresh_stream_and_a_running_one_is_not_taken_over() {
-        let id = StreamId([8; 16]);
-        let mut ended = HashMap::new();
-        assert_eq!(
-            lane_resume(&request(id, None), &mut ended, false),
-            (Ok(Resume::New), 1)
-        );
-        ended.insert(
-            id,
-            LaneEnd {
-                lane: 1,
-                stream: id,
-                delivered: 2,
-                acks: Default::default(),
-                reason: String::new(),
-            },
-        );
-        let (refused, _) = lane_resume(&request(id, None), &mut ended, false);
-        assert!(refused.unwrap_err().contains("already used"));
-        let (refused, _) = lane_resume(&request(StreamId([9; 16]), None), &mut ended, true);
+    #[tokio::test]
+    async fn a_fresh_lane_needs_a_fresh_stream_and_a_running_one_is_not_taken_over() {
+        let streams = Arc::new(super::super::streams::Streams::new(Duration::from_secs(
+            120,
+        )));
+        let (lane0, id) = (StreamId([1; 16]), StreamId([8; 16]));
+        let wait = Duration::from_secs(1);
+        let lease =
+            lease_of(claim_lane(&request(id, None), lane0, false, &streams, "alice", wait).await);
+        lease.answered(ack(1));
+        drop(lease);
+        let refused = claim_lane(&request(id, None), lane0, false, &streams, "alice", wait).await;
+        assert!(refused.err().unwrap_or_default().contains("already in use"));
+        let refused = claim_lane(
+            &request(StreamId([9; 16]), None),
+            lane0,
+            true,
+            &streams,
+            "alice",
+            wait,
+        )
+        .await;
         assert!(refused
-            .unwrap_err()
+            .err()
+            .unwrap_or_default()
             .contains("still carried by another lane"));
+        // The session's own first stream is not a lane's.
+        let refused =
+            claim_lane(&request(lane0, None), lane0, false, &streams, "alice", wait).await;
+        assert!(refused.err().unwrap_or_default().contains("first stream"));
+        // A stream claimed and let go with nothing answered (a lane refused after its claim)
+        // opens fresh again.
+        let unused = StreamId([10; 16]);
+        drop(lease_of(
+            claim_lane(
+                &request(unused, None),
+                lane0,
+                false,
+                &streams,
+                "alice",
+                wait,
+            )
+            .await,
+        ));
+        drop(lease_of(
+            claim_lane(
+                &request(unused, None),
+                lane0,
+                false,
+                &streams,
+                "alice",
+                wait,
+            )
+            .await,
+        ));
     }
 }

@@ -129,6 +129,18 @@ impl Streams {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether `identity`'s stream `id` is in use: served now, or something of it answered. A
+    /// stream claimed and let go with nothing answered (a lane refused after its claim) is not:
+    /// its client may still open it fresh.
+    pub(super) fn in_use(&self, identity: &str, id: StreamId) -> bool {
+        self.lock()
+            .map
+            .get(&(identity.to_owned(), id))
+            .is_some_and(|e| {
+                e.live.is_some() || e.state.lock().unwrap_or_else(|p| p.into_inner()).answered > 0
+            })
+    }
+
     /// Takes `hello`'s stream for a new session of `identity`: ends the stream's previous session
     /// (waiting at most `wait` for it to drain), then answers from what is known.
     pub(super) async fn claim(
@@ -397,6 +409,32 @@ mod tests {
         assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [4, 5]);
         assert!(acks.iter().all(|a| a.status == AckStatus::Delivered));
         assert_eq!((lease.first, lease.flagged_through), (6, 0));
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_in_use_while_served_or_once_answered() {
+        let streams = Arc::new(Streams::new(Duration::from_secs(120)));
+        let wait = Duration::from_secs(1);
+        let (idle, used) = (StreamId([8; 16]), StreamId([9; 16]));
+        assert!(!streams.in_use("alice", idle));
+        let lease = streams
+            .claim("alice", hello(idle, 1, 0), wait)
+            .await
+            .unwrap();
+        assert!(streams.in_use("alice", idle), "served now");
+        drop(lease);
+        assert!(
+            !streams.in_use("alice", idle),
+            "let go with nothing answered"
+        );
+        let lease = streams
+            .claim("alice", hello(used, 1, 0), wait)
+            .await
+            .unwrap();
+        answer(&lease, 1);
+        drop(lease);
+        assert!(streams.in_use("alice", used));
+        assert!(!streams.in_use("bob", used), "only its identity's");
     }
 
     #[tokio::test]

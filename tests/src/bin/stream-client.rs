@@ -8,7 +8,9 @@
 //! Stderr: one JSON line per recovery step as the library reports it (`lost`, `retrying`,
 //! `recovered`), and the library's warnings (`RUST_LOG`). Stdout: one JSON summary line at the
 //! end ([`secure_rdma_tests::stream::StreamSummary`]). Exit status 0 only when every operation
-//! was acknowledged exactly once, in order.
+//! was acknowledged exactly once, in order. With `--lanes N` the operations spread over N
+//! lanes, each acknowledging its own in order and the lanes in no set order: the
+//! acknowledgements are then counted, each a delivered SEND, not matched to an operation.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,6 +49,10 @@ struct Args {
     /// at-least-once baseline) instead of resuming.
     #[arg(long)]
     no_resume: bool,
+    /// Lanes of the session (`Client::add_lane`): the operations spread over them, each lane
+    /// acknowledging its own in order, the lanes in no set order; the window counts them all.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    lanes: u32,
 }
 
 /// What the library told the recovery observer, with when.
@@ -112,6 +118,10 @@ struct Tracker {
     longest_other_gap_ms: f64,
     in_flight_at_resume_max: u64,
     violations: Vec<String>,
+    /// More than one lane: acknowledgements come in no set order, so they are counted (each
+    /// must be a delivered SEND), not matched to the next operation.
+    any_order: bool,
+    ops: u64,
 }
 
 impl Tracker {
@@ -132,6 +142,19 @@ impl Tracker {
             self.in_flight_at_resume_max = self.in_flight_at_resume_max.max(in_flight_before);
         }
         for ack in acks {
+            if self.any_order {
+                if ack.op != Op::Send
+                    || ack.status != AckStatus::Delivered
+                    || self.expect > self.ops
+                {
+                    self.violations.push(format!(
+                        "acknowledgement {} of {} operations: {ack:?}",
+                        self.expect, self.ops
+                    ));
+                }
+                self.expect += 1;
+                continue;
+            }
             let want = op_content(self.expect);
             if ack.seq != self.expect
                 || ack.op != Op::Send
@@ -175,6 +198,9 @@ async fn stream(
         r if r > 0.0 => Duration::from_secs_f64(1.0 / r),
         _ => Duration::ZERO,
     };
+    if args.lanes > 1 {
+        return stream_lanes(client, args, t, sent, start, period).await;
+    }
     while t.expect <= args.ops {
         let in_flight = *sent - (t.expect - 1);
         // Every operation of a group falls due with the group's first.
@@ -197,6 +223,38 @@ async fn stream(
     // Nothing is in flight; a flush confirms the library agrees.
     let acks = client.flush().await?;
     t.after(&acks, 0);
+    Ok(())
+}
+
+/// [`stream`] over several lanes: `post` waits inside the library when the lane it picks has
+/// its window full; a full window over all lanes is emptied with a flush.
+async fn stream_lanes(
+    client: &mut Client,
+    args: &Args,
+    t: &mut Tracker,
+    sent: &mut u64,
+    start: Instant,
+    period: Duration,
+) -> Result<(), ClientError> {
+    while *sent < args.ops {
+        let in_flight = *sent - (t.expect - 1);
+        if in_flight >= args.window {
+            let acks = client.flush().await?;
+            t.after(&acks, in_flight);
+            continue;
+        }
+        let due = start + period.mul_f64((*sent / args.burst * args.burst) as f64);
+        if Instant::now() < due {
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let acks = client
+            .post(Op::Send, op_content(*sent + 1).as_bytes())
+            .await?;
+        *sent += 1;
+        t.after(&acks, in_flight);
+    }
+    let acks = client.flush().await?;
+    t.after(&acks, *sent - (t.expect - 1));
     Ok(())
 }
 
@@ -224,6 +282,13 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    for lane in 1..args.lanes {
+        if let Err(e) = client.add_lane().await {
+            eprintln!("stream-client: opening lane {lane}: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    let lanes = client.lanes();
     let start = Instant::now();
     let recoveries = observe(&mut client, start);
     let mut t = Tracker {
@@ -236,9 +301,12 @@ async fn main() -> std::process::ExitCode {
         longest_other_gap_ms: 0.0,
         in_flight_at_resume_max: 0,
         violations: Vec::new(),
+        any_order: args.lanes > 1,
+        ops: args.ops,
     };
     let mut sent = 0;
     let outcome = stream(&mut client, &args, &mut t, &mut sent, start).await;
+    let lanes_at_end = client.lanes();
     client.quit().await;
     let elapsed = t.last_ack.duration_since(start).as_secs_f64();
     let acknowledged = t.expect - 1;
@@ -248,6 +316,8 @@ async fn main() -> std::process::ExitCode {
     };
     let summary = StreamSummary {
         ops: args.ops,
+        lanes,
+        lanes_at_end,
         sent,
         acknowledged,
         losses,
@@ -260,6 +330,9 @@ async fn main() -> std::process::ExitCode {
             })
             .sum(),
         resent: events.iter().map(|e| e.resent as u64).sum(),
+        lanes_resumed: events.iter().map(|e| e.lanes_resumed as u64).sum(),
+        lanes_acknowledged_while_away: events.iter().map(|e| e.lanes_acknowledged as u64).sum(),
+        lanes_resent: events.iter().map(|e| e.lanes_resent as u64).sum(),
         resume_took_ms: Stats::of(events.iter().map(|e| ms(e.took)).collect()),
         resume_events: events.iter().map(|e| format!("{e:?}")).collect(),
         in_flight_at_resume_max: t.in_flight_at_resume_max,
