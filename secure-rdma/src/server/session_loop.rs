@@ -638,24 +638,30 @@ mod lane_tests {
         }
     }
 
-    fn lease_of(
-        claimed: Result<super::super::streams::StreamLease, String>,
-    ) -> super::super::streams::StreamLease {
-        match claimed {
-            Ok(lease) => lease,
-            Err(e) => panic!("{e}"),
-        }
+    const LANE0: StreamId = StreamId([1; 16]);
+
+    /// [`claim_lane`] for a lane of a session whose first stream is [`LANE0`].
+    async fn claim(
+        streams: &Arc<super::super::streams::Streams>,
+        who: &str,
+        id: StreamId,
+        resume: Option<StreamHello>,
+        carried: bool,
+    ) -> Result<super::super::streams::StreamLease, String> {
+        let wait = Duration::from_secs(1);
+        claim_lane(&request(id, resume), LANE0, carried, streams, who, wait).await
+    }
+
+    fn registry() -> Arc<super::super::streams::Streams> {
+        Arc::new(super::super::streams::Streams::new(Duration::from_secs(
+            120,
+        )))
     }
 
     #[tokio::test]
     async fn a_lane_resumes_its_stream_from_what_the_registry_knows() {
-        let streams = Arc::new(super::super::streams::Streams::new(Duration::from_secs(
-            120,
-        )));
-        let (lane0, id) = (StreamId([1; 16]), StreamId([7; 16]));
-        let wait = Duration::from_secs(1);
-        let lease =
-            lease_of(claim_lane(&request(id, None), lane0, false, &streams, "alice", wait).await);
+        let (streams, id) = (registry(), StreamId([7; 16]));
+        let lease = claim(&streams, "alice", id, None, false).await.unwrap();
         assert_eq!((lease.resume.clone(), lease.first), (Resume::New, 1));
         for seq in 1..=5 {
             lease.answered(ack(seq));
@@ -669,33 +675,17 @@ mod lane_tests {
             next: 4,
             sent: 6,
         };
-        let lease = lease_of(
-            claim_lane(
-                &request(id, Some(hello)),
-                lane0,
-                false,
-                &streams,
-                "alice",
-                wait,
-            )
-            .await,
-        );
+        let lease = claim(&streams, "alice", id, Some(hello), false)
+            .await
+            .unwrap();
         let Resume::Resumed { delivered, acks } = &lease.resume else {
             panic!("{:?}", lease.resume)
         };
         assert_eq!((*delivered, lease.first), (5, 6));
         assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), [4, 5]);
-        // Another identity cannot name it.
         drop(lease);
-        let refused = claim_lane(
-            &request(id, Some(hello)),
-            lane0,
-            false,
-            &streams,
-            "mallory",
-            wait,
-        )
-        .await;
+        // Another identity cannot name it.
+        let refused = claim(&streams, "mallory", id, Some(hello), false).await;
         assert!(refused
             .err()
             .unwrap_or_default()
@@ -704,58 +694,25 @@ mod lane_tests {
 
     #[tokio::test]
     async fn a_fresh_lane_needs_a_fresh_stream_and_a_running_one_is_not_taken_over() {
-        let streams = Arc::new(super::super::streams::Streams::new(Duration::from_secs(
-            120,
-        )));
-        let (lane0, id) = (StreamId([1; 16]), StreamId([8; 16]));
-        let wait = Duration::from_secs(1);
-        let lease =
-            lease_of(claim_lane(&request(id, None), lane0, false, &streams, "alice", wait).await);
+        let (streams, id) = (registry(), StreamId([8; 16]));
+        let lease = claim(&streams, "alice", id, None, false).await.unwrap();
         lease.answered(ack(1));
         drop(lease);
-        let refused = claim_lane(&request(id, None), lane0, false, &streams, "alice", wait).await;
+        let refused = claim(&streams, "alice", id, None, false).await;
         assert!(refused.err().unwrap_or_default().contains("already in use"));
-        let refused = claim_lane(
-            &request(StreamId([9; 16]), None),
-            lane0,
-            true,
-            &streams,
-            "alice",
-            wait,
-        )
-        .await;
+        let refused = claim(&streams, "alice", StreamId([9; 16]), None, true).await;
         assert!(refused
             .err()
             .unwrap_or_default()
             .contains("still carried by another lane"));
         // The session's own first stream is not a lane's.
-        let refused =
-            claim_lane(&request(lane0, None), lane0, false, &streams, "alice", wait).await;
+        let refused = claim(&streams, "alice", LANE0, None, false).await;
         assert!(refused.err().unwrap_or_default().contains("first stream"));
         // A stream claimed and let go with nothing answered (a lane refused after its claim)
-        // opens fresh again.
-        let unused = StreamId([10; 16]);
-        drop(lease_of(
-            claim_lane(
-                &request(unused, None),
-                lane0,
-                false,
-                &streams,
-                "alice",
-                wait,
-            )
-            .await,
-        ));
-        drop(lease_of(
-            claim_lane(
-                &request(unused, None),
-                lane0,
-                false,
-                &streams,
-                "alice",
-                wait,
-            )
-            .await,
-        ));
+        // opens fresh again, from 1 (the session loop answers it as new).
+        for _ in 0..2 {
+            let lease = claim(&streams, "alice", StreamId([10; 16]), None, false).await;
+            assert_eq!(lease.map(|l| l.first).ok(), Some(1));
+        }
     }
 }
