@@ -22,6 +22,7 @@ use crate::verb::{Resource, Verb};
 /// assert_eq!(LimitKey::rate(Verb::MrReg).map(|k| k.name()), Some("MR_REG"));
 /// assert_eq!(LimitKey::rate(Verb::QpDestroy), None);
 /// assert!("QP_DESTROY".parse::<LimitKey>().is_err());
+/// assert!("CTX_OPEN".parse::<LimitKey>().is_err());
 /// # Ok::<(), rdma_quota::EntryError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -45,11 +46,14 @@ impl LimitKey {
     }
 
     /// The rate limit of `verb`, or `None` if `verb` destroys a resource:
-    /// destruction only frees resources, so it is never limited.
+    /// destruction only frees resources, so it is never limited. `CTX_OPEN` has no rate key
+    /// either: the monitor counts it, but neither the interceptor nor the collector sees a
+    /// device being opened, so a quota file naming it would promise a limit nothing keeps (the
+    /// rdma cgroup's `hca_handle` bounds how many contexts a cgroup holds).
     pub const fn rate(verb: Verb) -> Option<LimitKey> {
-        match verb.destroys() {
-            Some(_) => None,
-            None => Some(LimitKey(Kind::Rate(verb))),
+        match (verb.destroys(), verb) {
+            (Some(_), _) | (None, Verb::CtxOpen) => None,
+            (None, _) => Some(LimitKey(Kind::Rate(verb))),
         }
     }
 

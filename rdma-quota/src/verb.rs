@@ -46,11 +46,15 @@ pub enum Verb {
     GidQuery = 9,
     /// The RDMA CM sent a connection request.
     CmSendReq = 10,
+    /// Open a device context (`ibv_open_device`): the kernel allocates a user context, the
+    /// rdma cgroup's `hca_handle`. Counted by the monitor, so that a tenant churning contexts
+    /// is seen; no layer of the project refuses it by rate (see [`crate::LimitKey::rate`]).
+    CtxOpen = 11,
 }
 
 impl Verb {
     /// Every verb, in id order.
-    pub const ALL: [Verb; 11] = [
+    pub const ALL: [Verb; 12] = [
         Verb::QpCreate,
         Verb::QpModify,
         Verb::QpDestroy,
@@ -62,6 +66,7 @@ impl Verb {
         Verb::MrDereg,
         Verb::GidQuery,
         Verb::CmSendReq,
+        Verb::CtxOpen,
     ];
 
     /// The one-byte id the kernel programs use.
@@ -88,6 +93,7 @@ impl Verb {
             Verb::MrDereg => "MR_DEREG",
             Verb::GidQuery => "GID_QUERY",
             Verb::CmSendReq => "CM_SEND_REQ",
+            Verb::CtxOpen => "CTX_OPEN",
         }
     }
 
@@ -216,7 +222,7 @@ mod tests {
             assert_eq!(Verb::from_id(verb.id()), Some(verb));
             assert_eq!(verb.name().parse::<Verb>(), Ok(verb));
         }
-        assert_eq!(Verb::from_id(11), None);
+        assert_eq!(Verb::from_id(12), None);
         assert_eq!(
             "QP_EXPLODE".parse::<Verb>(),
             Err(UnknownVerb("QP_EXPLODE".into()))

@@ -26,6 +26,9 @@
 //               at exit, which is needed for the live counts; ib_create_qp_user is NOT used for
 //               QP_CREATE because an ioctl create refused before its handler would be missed)
 //   CM_SEND_REQ tracepoint rdma_cma:cm_send_req
+//   CTX_OPEN    ib_init_ucontext: ibv_open_device's user context, reached from the write()
+//               command GET_CONTEXT and the ioctl method DEVICE/GET_CONTEXT alike (the ioctl
+//               dispatch maps that method to no verb)
 // No listed function calls another listed function of the same verb (INVOKE_WRITE maps to no
 // verb at the ioctl level), so each user call is counted exactly once, at the return probe
 // (result + latency), matched to its entry by pid_tgid + slot in the `inflight` map.
@@ -443,6 +446,23 @@ SEC("kretprobe")
 int BPF_KRETPROBE(mon_pd_alloc_exit, int ret)
 {
 	leave(V_PD_ALLOC, ret);
+	return 0;
+}
+
+/* int ib_init_ucontext(struct uverbs_attr_bundle *attrs): a device context opened. Counted
+ * because a tenant that opens and closes devices in a loop loads the control path as much as
+ * one that churns PDs, and without it such a flood shows only as its PD calls. */
+SEC("kprobe")
+int BPF_KPROBE(mon_ctx_open_enter, struct uverbs_attr_bundle___mon *attrs)
+{
+	enter(V_CTX_OPEN, attrs_device(attrs), 0);
+	return 0;
+}
+
+SEC("kretprobe")
+int BPF_KRETPROBE(mon_ctx_open_exit, int ret)
+{
+	leave(V_CTX_OPEN, ret);
 	return 0;
 }
 

@@ -141,9 +141,10 @@ fn pingpong_pairs_in_two_cgroups_are_counted_exactly() {
     monitor.wait_live(&zero());
     let (reports, last) = monitor.stop();
 
-    // Each ibv_rc_pingpong makes one PD, MR, CQ and QP, moves the QP through
-    // INIT, RTR and RTS, and destroys all four; servers in a, clients in b.
+    // Each ibv_rc_pingpong opens its device once, makes one PD, MR, CQ and QP, moves the QP
+    // through INIT, RTR and RTS, and destroys all four; servers in a, clients in b.
     let per_process = [
+        ("CTX_OPEN", 1),
         ("QP_CREATE", 1),
         ("QP_MODIFY", 3),
         ("QP_DESTROY", 1),

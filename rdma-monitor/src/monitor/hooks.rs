@@ -53,6 +53,7 @@ const QP_CREATE: Probe = pair("mon_qp_create_enter", "mon_qp_create_exit");
 const QP_MODIFY: Probe = pair("mon_qp_modify_enter", "mon_qp_modify_exit");
 const QP_DESTROY: Probe = pair("mon_qp_destroy_enter", "mon_qp_destroy_exit");
 const PD_ALLOC: Probe = pair("mon_pd_alloc_enter", "mon_pd_alloc_exit");
+const CTX_OPEN: Probe = pair("mon_ctx_open_enter", "mon_ctx_open_exit");
 const PD_DEALLOC: Probe = pair("mon_pd_dealloc_enter", "mon_pd_dealloc_exit");
 const CQ_CREATE: Probe = pair("mon_cq_create_enter", "mon_cq_create_exit");
 const CQ_DESTROY: Probe = pair("mon_cq_destroy_enter", "mon_cq_destroy_exit");
@@ -118,6 +119,8 @@ pub(crate) const HOOKS: &[Hook] = &[
         CQ_CREATE,
     ),
     hook("ib_uverbs_reg_mr", "ib_uverbs", &[Verb::MrReg], MR_REG),
+    // Both paths of ibv_open_device (write GET_CONTEXT, ioctl DEVICE/GET_CONTEXT) call it.
+    hook("ib_init_ucontext", "ib_uverbs", &[Verb::CtxOpen], CTX_OPEN),
     // ib_core functions reached from every user path (udata != NULL).
     hook(
         "ib_modify_qp_with_udata",

@@ -163,7 +163,8 @@ mod tests {
         assert_eq!(v["mr_bytes"], 4096);
         assert_eq!(v["totals"]["QP_CREATE"], 5);
         assert_eq!(v["totals"]["CM_SEND_REQ"], 0);
-        assert_eq!(v["totals"].as_object().map(|o| o.len()), Some(11));
+        assert_eq!(v["totals"]["CTX_OPEN"], 0);
+        assert_eq!(v["totals"].as_object().map(|o| o.len()), Some(12));
         assert_eq!(v["rates"]["QP_CREATE"], 1.5);
         assert_eq!(
             v["cgroups"][0],

@@ -295,6 +295,7 @@ Operation frequency:
   MR_DEREG           0.00/s (total 0)
   GID_QUERY          0.00/s (total 0)
   CM_SEND_REQ        0.00/s (total 0)
+  CTX_OPEN           0.00/s (total 0)
 Port hardware counters (changed in this interval):
   rxe-a/1 duplicate_request            +2 (total 5)  SECURITY
   rxe-a/1 out_of_seq_request           +1 (total 1)  SECURITY
