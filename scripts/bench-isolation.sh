@@ -41,7 +41,7 @@
 #   --layers LIST    layers, comma-separated (default none,intercept,cgroup,cpu)
 #   --rate N         the interceptor's rate limit per verb, calls/s (default 20)
 #   --cpu-max PCT    the cpu controller's cap for the floods, % of one core (default 10)
-#   --flag-rate N    rdma-monitor's noisy-tenant threshold, calls/s (default 2000)
+#   --flag-rate N    rdma-monitor's noisy-tenant threshold, calls/s (default 1000)
 #   --flag-window S  how long a rate must last to be flagged, seconds (default 0.5)
 #   --out DIR        output directory
 #   --release        build and measure the release binaries (default: the dev build)
@@ -52,7 +52,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CONNECTIONS=200 SECONDS_REFUSED=10 KINDS=cq,qp,mr:4096,mr:1048576,pd,bypass,hoard
-LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug FLAG_RATE=2000
+LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug FLAG_RATE=1000
 FLAG_WINDOW=0.5
 die() { echo "bench-isolation.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do

@@ -77,8 +77,12 @@ pub(crate) struct Activity {
     pub(crate) accept_errors: AtomicU64,
     /// Well-formed requests served (`HELLO`, `ADMIT`, `RELEASE`, `STATS`).
     pub(crate) requests: AtomicU64,
+    /// Writes of replies: requests that came in one write (an interceptor's
+    /// waiting `RELEASE`s and its next `ADMIT`) are answered in one, so
+    /// `requests - writes` is the work batching saved.
+    pub(crate) writes: AtomicU64,
     throttles: Mutex<[Throttle; 3]>,
-    last: Mutex<[u64; 10]>,
+    last: Mutex<[u64; 11]>,
 }
 
 impl Default for Activity {
@@ -97,8 +101,9 @@ impl Default for Activity {
             malformed: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             throttles: Mutex::new([t(), t(), t()]),
-            last: Mutex::new([0; 10]),
+            last: Mutex::new([0; 11]),
         }
     }
 }
@@ -116,7 +121,7 @@ impl Activity {
         throttles[kind as usize].allow(Instant::now())
     }
 
-    fn now(&self) -> [u64; 10] {
+    fn now(&self) -> [u64; 11] {
         [
             &self.admitted,
             &self.denied,
@@ -128,6 +133,7 @@ impl Activity {
             &self.malformed,
             &self.accept_errors,
             &self.requests,
+            &self.writes,
         ]
         .map(|c| c.load(Ordering::Relaxed))
     }
@@ -153,6 +159,7 @@ impl Activity {
             "malformed",
             "accept_errors",
             "requests",
+            "writes",
         ];
         Some(
             names

@@ -223,6 +223,11 @@ async fn serve(stream: UnixStream, cred: UCred, opened: Opened, shared: Arc<Shar
     let mut reader = BufReader::with_capacity(MAX_LINE, read);
     let mut line = Vec::with_capacity(MAX_LINE);
     let mut answered = false;
+    // Replies not written yet: while the client's next request is already
+    // buffered (the interceptor sends its waiting RELEASEs and an ADMIT in one
+    // write), the replies are written together once it is not, so one wake-up
+    // of the client's costs one write here.
+    let mut replies = String::new();
     loop {
         // Without tickets the connection may be closed (idle, or to make
         // room): nothing is lost, the interceptor reconnects when it next
@@ -261,14 +266,19 @@ async fn serve(stream: UnixStream, cred: UCred, opened: Opened, shared: Arc<Shar
             ),
             Err(_) => break,
         };
+        replies.push_str(&reply.to_line());
+        if !close && reader.buffer().contains(&b'\n') {
+            continue;
+        }
         // A client that does not read its replies must not pin this task
         // (it could then be neither closed for room nor idle): writes are
         // bounded in time, and one that cannot finish closes the connection.
-        let bytes = reply.to_line();
         let written = tokio::select! {
             () = wake.notified() => break,
-            written = tokio::time::timeout(WRITE_TIMEOUT, write.write_all(bytes.as_bytes())) => written,
+            written = tokio::time::timeout(WRITE_TIMEOUT, write.write_all(replies.as_bytes())) => written,
         };
+        replies.clear();
+        count(&shared.activity.writes);
         answered = true;
         if !matches!(written, Ok(Ok(()))) || close {
             if written.is_err() {

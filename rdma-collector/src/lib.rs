@@ -87,6 +87,10 @@
 //! collector's work, which a refused program cannot drive up at will, since
 //! a rate refusal carries its retry time (protocol version 2,
 //! [`rdma_quota::wire`]) and the interceptor answers the repeats itself.
+//! `writes=` counts the writes of replies: requests that arrive together (the
+//! interceptor sends the `RELEASE`s of destroyed objects with its next
+//! `ADMIT`) are answered together, and most of a request's cost is the
+//! wake-up, so the collector works per write more than per request.
 //!
 //! # Examples
 //!

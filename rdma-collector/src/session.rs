@@ -351,6 +351,6 @@ mod tests {
         assert_eq!(rdma_quota::wire::retry_after(&reason).1, None, "{reason}");
         s.handle(Request::Stats);
         let line = s.ledger.activity.summary().expect("activity");
-        assert!(line.ends_with(" requests=4"), "{line}");
+        assert!(line.ends_with(" requests=4 writes=0"), "{line}");
     }
 }

@@ -183,6 +183,31 @@ async fn release_frees_a_slot_and_unknown_tickets_are_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_sent_ahead_of_an_admission_are_applied_first_and_answered_together() {
+    // The interceptor sends the RELEASEs that waited and its next ADMIT in one write.
+    let c = start("QP_COUNT 1\n");
+    let mut client = Client::connect(&c.path).await;
+    assert_eq!(client.ask("ADMIT QP_CREATE").await, "OK 1");
+    client
+        .send_raw(b"RELEASE 1\nRELEASE 77\nADMIT QP_CREATE\n")
+        .await;
+    // In order: the slot the release freed is the one the admission gets; an unknown
+    // ticket is an ERR that keeps the connection. (That the three replies are one write is
+    // counted by the activity summary's writes=, seen in tests/tests/isolation_lab.rs.)
+    let first = tokio::time::timeout(STEP, client.read.fill_buf())
+        .await
+        .expect("replies in time")
+        .expect("read")
+        .to_vec();
+    assert_eq!(
+        String::from_utf8_lossy(&first),
+        "OK\nERR unknown ticket 77\nOK 2\n"
+    );
+    assert_eq!(live(&c.quotas, Resource::Qp), 1);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_connection_releases_everything_it_held() {
     let c = start("QP_COUNT 3\n");
     let mut crashing = Client::connect(&c.path).await;

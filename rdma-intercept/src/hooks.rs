@@ -26,9 +26,10 @@ use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
+use std::thread::Thread;
 use std::time::Instant;
 
-use crate::intercept::{Decision, Interceptor, Settings, ERRNO_DENIED};
+use crate::intercept::{Decision, Interceptor, Settings, ERRNO_DENIED, RELEASE_DELAY};
 use crate::limit::{self, Next};
 use rdma_quota::Resource;
 
@@ -113,14 +114,20 @@ impl Drop for Reentry {
 struct Global {
     lock: UnsafeCell<libc::pthread_mutex_t>,
     state: UnsafeCell<Interceptor>,
+    /// The thread that sends `RELEASE`s that waited their delay, and the
+    /// process it runs in (a forked child has no copy of it and starts its
+    /// own).
+    flusher: UnsafeCell<Option<(u32, Thread)>>,
 }
 
-// SAFETY: `state` is only reached through `with_state`, which holds `lock`.
+// SAFETY: `state` and `flusher` are only reached through `with_state`, which
+// holds `lock`.
 unsafe impl Sync for Global {}
 
 static GLOBAL: Global = Global {
     lock: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
     state: UnsafeCell::new(Interceptor::new()),
+    flusher: UnsafeCell::new(None),
 };
 
 static ATFORK: AtomicBool = AtomicBool::new(false);
@@ -177,12 +184,51 @@ fn with_state<R>(f: impl FnOnce(&mut Interceptor, u32, &mut Vec<String>) -> R) -
         let pid = unsafe { libc::getpid() } as u32;
         // SAFETY: the lock is held, so this is the only reference.
         let state = unsafe { &mut *GLOBAL.state.get() };
-        f(state, pid, &mut log)
+        let waiting = state.releases_due().is_some();
+        let result = f(state, pid, &mut log);
+        if !waiting && state.releases_due().is_some() {
+            // A release started waiting: make sure someone sends it if the
+            // program asks nothing more for a while. Only on that change, so
+            // a flood's calls do not wake the flusher each time.
+            // SAFETY: the lock is held, so this is the only reference.
+            let flusher = unsafe { &mut *GLOBAL.flusher.get() };
+            match flusher {
+                Some((owner, thread)) if *owner == pid => thread.unpark(),
+                _ => match std::thread::Builder::new()
+                    .name("rdma-intercept".into())
+                    .spawn(flush_releases)
+                {
+                    Ok(handle) => *flusher = Some((pid, handle.thread().clone())),
+                    Err(e) => {
+                        // No thread: send them now rather than leave them to
+                        // the program's next call, which may never come.
+                        log.push(format!(
+                            "rdma-intercept: cannot start the thread that sends releases                              ({e}); sending each at once"
+                        ));
+                        state.flush_releases(pid, Instant::now() + RELEASE_DELAY);
+                    }
+                },
+            }
+        }
+        result
     };
     for line in &log {
         print_line(line);
     }
     result
+}
+
+/// The flusher thread: sends the `RELEASE`s that waited [`RELEASE_DELAY`]
+/// without a request to ride on, then sleeps until the next are due, or until
+/// `with_state` wakes it because one started waiting.
+fn flush_releases() {
+    loop {
+        let next = with_state(|s, pid, _| s.flush_releases(pid, Instant::now()));
+        match next {
+            Some(due) => std::thread::park_timeout(due.saturating_duration_since(Instant::now())),
+            None => std::thread::park(),
+        }
+    }
 }
 
 /// Writes one line to stderr with a single write(2), bypassing any stdio

@@ -17,6 +17,16 @@ use crate::limit::{self, OnLimit, RefusalCache};
 /// How long one connect, send or receive may take.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a destroyed object's `RELEASE` may wait to be sent with the
+/// process's next request ([`Interceptor::release`]). Long enough for a
+/// program that is held to a rate limit (its next admission comes within one
+/// token's interval, 50 ms at 20/s, 100 ms each when two share it), short
+/// enough that a count limit is not held by a destroyed object for long.
+pub const RELEASE_DELAY: Duration = Duration::from_millis(250);
+
+/// The most `RELEASE`s that wait; the one after them sends them all.
+pub const RELEASE_BATCH: usize = 64;
+
 /// errno of a call refused by a quota: `EDQUOT` ("quota exceeded"), whether
 /// the collector refused it or the interceptor did on its behalf (a rate
 /// refusal it remembers, or a wait in `RDMA_INTERCEPT_ON_LIMIT=wait` mode
@@ -215,6 +225,14 @@ pub struct Interceptor {
     warned_no_retry: bool,
     /// Rate refusals, answered here until they run out.
     refusals: RefusalCache,
+    /// Tickets of destroyed objects whose `RELEASE` waits for the next
+    /// request (or [`RELEASE_DELAY`]); all of the current connection.
+    deferred: Vec<u64>,
+    /// When the oldest of `deferred` was destroyed.
+    deferred_since: Option<Instant>,
+    /// Writes that carried only `RELEASE`s (the delay ran out, or the batch
+    /// was full).
+    release_writes: u64,
     /// `ADMIT` requests sent to the collector.
     asked: u64,
     /// Calls refused (or sent to wait) from [`refusals`](Self::refusals)
@@ -240,6 +258,9 @@ impl Interceptor {
             warned_setting: false,
             warned_no_retry: false,
             refusals: RefusalCache::new(),
+            deferred: Vec::new(),
+            deferred_since: None,
+            release_writes: 0,
             asked: 0,
             answered_locally: 0,
         }
@@ -254,6 +275,34 @@ impl Interceptor {
     /// asking the collector.
     pub fn answered_locally(&self) -> u64 {
         self.answered_locally
+    }
+
+    /// Writes to the collector that carried only `RELEASE`s: the others
+    /// rode along with an `ADMIT`.
+    pub fn release_writes(&self) -> u64 {
+        self.release_writes
+    }
+
+    /// `RELEASE`s waiting to be sent.
+    pub fn releases_waiting(&self) -> usize {
+        self.deferred.len()
+    }
+
+    /// When the waiting `RELEASE`s are due to be sent by
+    /// [`flush_releases`](Self::flush_releases), if any wait.
+    pub fn releases_due(&self) -> Option<Instant> {
+        self.deferred_since.map(|since| since + RELEASE_DELAY)
+    }
+
+    /// Sends the waiting `RELEASE`s if they have waited [`RELEASE_DELAY`] at
+    /// `now` (the hooks' flusher thread calls this); returns when the next
+    /// ones are due, if any still wait.
+    pub fn flush_releases(&mut self, pid: u32, now: Instant) -> Option<Instant> {
+        self.adopt(pid);
+        if self.releases_due().is_some_and(|due| due <= now) {
+            self.send_releases();
+        }
+        self.releases_due()
     }
 
     /// Objects created with a ticket and not destroyed yet.
@@ -319,8 +368,11 @@ impl Interceptor {
         self.asked += 1;
         let request = Request::Admit { verb, bytes };
         let reused = self.conn.is_some();
+        // The releases waiting ride along (they are all of this connection:
+        // losing it clears them, the collector having released them itself).
+        let releases = self.take_deferred();
         let mut reply = match self.connection(settings) {
-            Ok(conn) => conn.request(&request),
+            Ok(conn) => conn.request_after(&releases, &request),
             Err(e) => return self.cannot_ask(settings, verb, &Problem::Unreachable(e), log),
         };
         // The collector closes a connection that holds no tickets when it is
@@ -429,14 +481,14 @@ impl Interceptor {
         if let Some(stale) = self.objects.insert(object, ticket) {
             // The address was never seen destroyed (a destroy outside the
             // hooks); its old count is gone with the object.
-            self.release_ticket(stale);
+            self.defer_release(stale, Instant::now());
         }
     }
 
     /// The real call admitted by `ticket` failed: nothing was created.
     pub fn failed(&mut self, pid: u32, ticket: Ticket) {
         self.adopt(pid);
-        self.release_ticket(ticket);
+        self.defer_release(ticket, Instant::now());
     }
 
     /// Removes `object` from the table before the real destroy runs, so
@@ -448,11 +500,26 @@ impl Interceptor {
         self.objects.remove(&object).map(|t| (object, t))
     }
 
-    /// The object was destroyed: its ticket goes back to the collector.
+    /// The object was destroyed: its ticket goes back to the collector,
+    /// with the process's next request or after [`RELEASE_DELAY`], whichever
+    /// comes first.
+    ///
+    /// Why not at once: a request costs the collector about what waking it
+    /// costs (measured: most of its time is the scheduler's), and a program
+    /// that creates and destroys in a loop would otherwise wake it twice per
+    /// object. Sent with the next `ADMIT`, in the same write, the `RELEASE`
+    /// costs it nothing more. Until then the object still counts against a
+    /// count limit, for at most [`RELEASE_DELAY`] (the hooks run a thread that
+    /// sends what waited that long).
     pub fn release(&mut self, pid: u32, taken: Option<(usize, Ticket)>) {
+        self.release_at(pid, taken, Instant::now());
+    }
+
+    /// [`release`](Self::release) at `now`.
+    pub fn release_at(&mut self, pid: u32, taken: Option<(usize, Ticket)>, now: Instant) {
         self.adopt(pid);
         if let Some((_, ticket)) = taken {
-            self.release_ticket(ticket);
+            self.defer_release(ticket, now);
         }
     }
 
@@ -470,14 +537,30 @@ impl Interceptor {
         self.conn.is_some() && ticket.generation == self.generation
     }
 
-    fn release_ticket(&mut self, ticket: Ticket) {
+    fn defer_release(&mut self, ticket: Ticket, now: Instant) {
         if !self.valid(ticket) {
             return;
         }
-        let Some(conn) = &mut self.conn else {
+        self.deferred.push(ticket.id);
+        self.deferred_since.get_or_insert(now);
+        if self.deferred.len() >= RELEASE_BATCH {
+            self.send_releases();
+        }
+    }
+
+    fn take_deferred(&mut self) -> Vec<u64> {
+        self.deferred_since = None;
+        std::mem::take(&mut self.deferred)
+    }
+
+    /// Sends the waiting `RELEASE`s on their own.
+    fn send_releases(&mut self) {
+        let releases = self.take_deferred();
+        let (Some((last, before)), Some(conn)) = (releases.split_last(), &mut self.conn) else {
             return;
         };
-        match conn.request(&Request::Release { ticket: ticket.id }) {
+        self.release_writes += 1;
+        match conn.request_after(before, &Request::Release { ticket: *last }) {
             // ERR here only says the collector did not know the ticket.
             Ok(Reply::Ok | Reply::OkWith(_) | Reply::Err(_)) => {}
             // Destroys are never refused, and a broken connection makes the
@@ -491,6 +574,8 @@ impl Interceptor {
     fn lose_connection(&mut self, log: &mut Vec<String>) {
         if self.conn.take().is_some() {
             self.generation += 1;
+            // The collector releases every ticket of a closed connection.
+            self.take_deferred();
             let n = self.objects.len();
             self.objects.clear();
             if n > 0 {
@@ -509,9 +594,11 @@ impl Interceptor {
             return;
         }
         if self.pid != 0 {
-            // Closing our copy of the descriptor leaves the parent's open.
+            // Closing our copy of the descriptor leaves the parent's open;
+            // the releases waiting are the parent's to send.
             self.conn = None;
             self.objects.clear();
+            self.take_deferred();
             self.generation += 1;
         }
         self.pid = pid;
@@ -680,12 +767,126 @@ mod tests {
         assert_eq!(state.tracked(), 1);
         let taken = state.take(1, 0x1000);
         state.release(1, taken);
-        assert_eq!(recv(&seen), "RELEASE 7");
         assert_eq!(state.tracked(), 0);
+        // The release waits for a request to ride on, until it is due.
+        assert_eq!(state.releases_waiting(), 1);
+        let due = state.releases_due().expect("a release waits");
+        assert_eq!(state.flush_releases(1, due - ms(1)), Some(due));
+        assert_eq!(state.releases_waiting(), 1, "not due yet");
+        assert_eq!(state.flush_releases(1, due), None);
+        assert_eq!(recv(&seen), "RELEASE 7");
+        assert_eq!((state.releases_waiting(), state.release_writes()), (0, 1));
         // Unknown objects (created before the preload, or uncounted) are ignored.
         let taken = state.take(1, 0x2000);
         state.release(1, taken);
+        assert_eq!(state.releases_waiting(), 0);
         assert!(log.is_empty(), "{log:?}");
+    }
+
+    /// A collector that records what each `recv` returned (one entry per
+    /// write the client made, as the client writes and then waits) and
+    /// answers every line of it.
+    fn recording_collector() -> (tempfile::TempDir, Settings, mpsc::Receiver<String>) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("collector.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let Some(Ok(mut stream)) = listener.incoming().next() else {
+                return;
+            };
+            let mut next = 0;
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = match std::io::Read::read(&mut stream, &mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let chunk = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let mut replies = String::new();
+                for line in chunk.lines() {
+                    replies.push_str(if line.starts_with("RELEASE") {
+                        "OK\n"
+                    } else {
+                        next += 1;
+                        if next == 1 {
+                            "OK 1\n"
+                        } else {
+                            "OK 2\n"
+                        }
+                    });
+                }
+                let _ = tx.send(chunk);
+                if stream.write_all(replies.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+        (dir, Settings::from_vars(Some(path.as_os_str()), None), rx)
+    }
+
+    #[test]
+    fn a_release_rides_with_the_next_admission_in_one_write() {
+        let (_dir, settings, writes) = recording_collector();
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let t0 = Instant::now();
+        let Decision::Proceed(Some(ticket)) = state.admit(1, &settings, Resource::Cq, 0, &mut log)
+        else {
+            panic!("not admitted: {log:?}");
+        };
+        assert_eq!(recv(&writes), "ADMIT CQ_CREATE\n");
+        state.created(1, 0x10, ticket);
+        let taken = state.take(1, 0x10);
+        state.release_at(1, taken, t0);
+        assert_eq!(state.releases_due(), Some(t0 + RELEASE_DELAY));
+        // The next creation carries it: one write, two lines, its own ticket back.
+        let Decision::Proceed(Some(next)) = state.admit(1, &settings, Resource::Cq, 0, &mut log)
+        else {
+            panic!("not admitted: {log:?}");
+        };
+        assert_eq!(recv(&writes), "RELEASE 1\nADMIT CQ_CREATE\n");
+        assert_eq!(next.id, 2);
+        assert_eq!((state.releases_waiting(), state.release_writes()), (0, 0));
+        assert_eq!(state.releases_due(), None);
+        assert!(log.is_empty(), "{log:?}");
+    }
+
+    #[test]
+    fn a_full_batch_of_releases_is_sent_at_once_and_a_lost_connection_drops_them() {
+        let (_dir, settings, seen) = collector(|l| match l {
+            l if l.starts_with("ADMIT") => "OK 5\n".into(),
+            _ => "OK\n".into(),
+        });
+        let mut state = Interceptor::new();
+        let Decision::Proceed(Some(ticket)) =
+            state.admit(1, &settings, Resource::Pd, 0, &mut Vec::new())
+        else {
+            panic!("not admitted");
+        };
+        assert_eq!(recv(&seen), "ADMIT PD_ALLOC");
+        // The same ticket stands in for RELEASE_BATCH objects: what counts is how many wait.
+        for object in 0..RELEASE_BATCH - 1 {
+            state.created(1, object, ticket);
+            let taken = state.take(1, object);
+            state.release(1, taken);
+        }
+        assert_eq!(state.releases_waiting(), RELEASE_BATCH - 1);
+        state.created(1, 0x999, ticket);
+        let taken = state.take(1, 0x999);
+        state.release(1, taken);
+        assert_eq!((state.releases_waiting(), state.release_writes()), (0, 1));
+        for _ in 0..RELEASE_BATCH {
+            assert_eq!(recv(&seen), "RELEASE 5");
+        }
+        // Releases of a connection that is lost are the collector's to drop (it releases a
+        // closed connection's tickets): none is sent on the next one.
+        state.created(1, 0x10, ticket);
+        let taken = state.take(1, 0x10);
+        state.release(1, taken);
+        assert_eq!(state.releases_waiting(), 1);
+        state.lose_connection(&mut Vec::new());
+        assert_eq!((state.releases_waiting(), state.releases_due()), (0, None));
     }
 
     #[test]
@@ -699,6 +900,8 @@ mod tests {
         };
         state.failed(1, ticket);
         assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        let due = state.releases_due().expect("the release waits");
+        assert_eq!(state.flush_releases(1, due), None);
         assert_eq!(recv(&seen), "RELEASE 7");
         assert_eq!(state.tracked(), 0);
     }
@@ -804,10 +1007,20 @@ mod tests {
             panic!("not admitted");
         };
         state.created(100, 0x10, t);
+        state.created(100, 0x20, t);
         assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        // The parent destroyed one; its release waits when the process forks.
+        let taken = state.take(100, 0x20);
+        state.release(100, taken);
+        assert_eq!(state.releases_waiting(), 1);
         // Same state seen from pid 101 (the child after fork).
         let taken = state.take(101, 0x10);
         assert_eq!(taken, None);
+        assert_eq!(
+            state.releases_waiting(),
+            0,
+            "the parent's release is not the child's"
+        );
         assert!(
             !state.connected(),
             "the child must not use the parent's connection"

@@ -166,17 +166,21 @@ impl Collector {
     /// activity summaries (the last one is logged on the way out), and its log.
     pub fn stop_and_count_requests(self) -> (u64, String) {
         let log = self.stop();
-        let requests = log
-            .lines()
-            .filter(|l| l.contains("activity:"))
-            .filter_map(|l| {
-                let (_, rest) = l.split_once(" requests=")?;
-                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                digits.parse::<u64>().ok()
-            })
-            .sum();
-        (requests, log)
+        (activity_sum(&log, "requests"), log)
     }
+}
+
+/// The sum of `KEY=` over a collector log's activity summaries (`requests`, `writes`, ...).
+pub fn activity_sum(log: &str, key: &str) -> u64 {
+    let tag = format!(" {key}=");
+    log.lines()
+        .filter(|l| l.contains("activity:"))
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(&tag)?;
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 impl Drop for Collector {

@@ -26,7 +26,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use secure_rdma_tests::collector::{preload, Collector};
+use secure_rdma_tests::collector::{activity_sum, preload, Collector};
 use secure_rdma_tests::secure::{client, Lines, Pki, ServerProc};
 use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline};
 use serde_json::Value;
@@ -86,12 +86,14 @@ fn a_refused_flooder_is_answered_by_its_interceptor_not_the_collector() {
     let (report, stderr) = churn(&collector, "fail", millis);
     let cpu = collector.cpu() - cpu_before;
     let (requests, log) = collector.stop_and_count_requests();
+    let (writes, released) = (activity_sum(&log, "writes"), activity_sum(&log, "released"));
     let (ok, refused) = (number(&report, "ok"), number(&report, "refused"));
     let seconds = number(&report, "elapsed_ms") as f64 / 1000.0;
     println!(
         "fail mode, CQ_CREATE={LIMIT}/s, {seconds:.1} s: {ok} created, {refused} refused \
-         ({:.0}/s), collector served {requests} requests ({:.2} % of the refusals) \
-         using {} ms of CPU ({:.1} % of one core; {} ms in an idle second before)",
+         ({:.0}/s), collector served {requests} requests ({:.2} % of the refusals; {released} \
+         releases) in {writes} writes, using {} ms of CPU ({:.1} % of one core; {} ms in an \
+         idle second before)",
         refused as f64 / seconds,
         100.0 * requests as f64 / refused.max(1) as f64,
         cpu.as_millis(),
@@ -124,6 +126,18 @@ fn a_refused_flooder_is_answered_by_its_interceptor_not_the_collector() {
     assert!(
         requests <= 4 * ok + 10,
         "{requests} requests for {ok} admissions\n{log}"
+    );
+    // Every CQ made was released, and the releases rode with the next ADMIT rather than
+    // waking the collector on their own: one write answers both (the last release, and any
+    // that waited longer than the interceptor's delay, go alone).
+    // (A release still waiting when the program exits is the close's: at most the last.)
+    assert!(
+        released <= ok && ok - released <= 1,
+        "{released} of {ok} admitted CQs released\n{log}"
+    );
+    assert!(
+        requests - writes + 2 >= ok * 9 / 10,
+        "{requests} requests in {writes} writes for {ok} releases: the releases went alone\n{log}"
     );
     // The interceptor said once per collector refusal that it answers the
     // repeats itself; the local refusals are silent.
