@@ -7,9 +7,12 @@
 //! # Protocol
 //!
 //! Line-based UTF-8 text; every line ends with `\n` and is at most
-//! [`MAX_LINE`] (512) bytes long, newline included. The client sends one
-//! request and waits for its reply. The collector listens on
-//! [`DEFAULT_SOCKET`] unless told otherwise.
+//! [`MAX_LINE`] (512) bytes long, newline included. Replies come in the
+//! order of the requests, one line each; a client may send several requests
+//! before reading their replies (the interceptor sends the `RELEASE`s that
+//! waited with its next `ADMIT`, in one write), and the collector then
+//! answers them together. The collector listens on [`DEFAULT_SOCKET`] unless
+//! told otherwise.
 //!
 //! | request                | reply                                            |
 //! |------------------------|--------------------------------------------------|

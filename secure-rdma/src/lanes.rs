@@ -76,8 +76,9 @@ pub struct ClosedLanes(Vec<(u32, String)>);
 impl ClosedLanes {
     /// Remembers that the server closed `lane`.
     pub fn record(&mut self, lane: u32, reason: String) {
-        tracing::info!(lane, %reason, "the server closed a lane; its stream resumes on a new lane at its next use");
+        // Logged once per lane, like it is kept once.
         if !self.0.iter().any(|(l, _)| *l == lane) {
+            tracing::info!(lane, %reason, "the server closed a lane; its stream resumes on a new lane at its next use");
             self.0.push((lane, reason));
         }
     }

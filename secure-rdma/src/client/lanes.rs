@@ -392,9 +392,17 @@ impl super::Client {
                 }
             };
             let lost = old.remove(0);
-            tracing::info!(lane = lost.index, new_lane = lane.index, stream = %lost.stream.short(), kept = lost.outstanding.len(), "the lost session's lane resumed on the new session");
             let kept = lost.outstanding.len();
-            let (lane, acks) = self.carry_on(lost, lane).await?;
+            tracing::info!(lane = lost.index, new_lane = lane.index, stream = %lost.stream.short(), kept, "the lost session's lane resumed on the new session");
+            let (lane, acks) = match self.carry_on(lost, lane).await {
+                Ok(carried) => carried,
+                Err(e) => {
+                    // The lanes not tried yet keep their operations for the next resume, as
+                    // when a lane cannot be opened.
+                    self.lanes.append(&mut old);
+                    return Err(e);
+                }
+            };
             done.lanes += 1;
             done.acknowledged += acks.len();
             done.resent += kept - acks.len();
