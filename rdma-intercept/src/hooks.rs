@@ -203,7 +203,8 @@ fn with_state<R>(f: impl FnOnce(&mut Interceptor, u32, &mut Vec<String>) -> R) -
                         // No thread: send them now rather than leave them to
                         // the program's next call, which may never come.
                         log.push(format!(
-                            "rdma-intercept: cannot start the thread that sends releases                              ({e}); sending each at once"
+                            "rdma-intercept: cannot start the thread that sends releases \
+                             ({e}); sending each at once"
                         ));
                         state.flush_releases(pid, Instant::now() + RELEASE_DELAY);
                     }
