@@ -89,9 +89,16 @@ Inside the VM:
   * Process start-up costs ~20 ms under TCG: build on the host (cargo build,
     cargo test --no-run) and run the binaries in the VM; wrap servers and
     clients in `timeout`, and wait for ports with `ss -ltn` rather than sleep.
+    A large binary on the (uncached) read-write share is read again at each
+    start: give its directory in VM_CACHED.
 
 Environment knobs:
   VM_RW=dir1:dir2    extra host directories mounted read-write at the same path
+  VM_CACHED=d1:d2    directories inside a read-write share that the VM sees
+                     read-only, as they were at boot, through the cached root
+                     mount instead: for build outputs it only runs.  A read-write
+                     share is uncached, so a 100 MB debug binary on it takes about
+                     1.2 s to start under TCG, against 0.45 s cached
   VM_MEM=2G          guest memory              VM_CPUS=2   guest vCPUs
   VM_TIMEOUT=900     host-side limit for the whole run, in seconds
   VM_ACCEL=auto      auto|tcg|kvm (auto: kvm only with real VMX/SVM, not kvm_pvm)
@@ -370,9 +377,26 @@ for p in etc var tmp root home opt srv usr; do
         || echo "vm-init: overlay on /$p failed"
 done
 chmod 1777 $R/tmp $R/var/tmp 2>/dev/null
+# VM_CACHED: bind the cached read-only view of each directory aside before a
+# read-write share hides it, and back over that share afterwards.
+i=0
+while read -r path; do
+    mkdir -p $R/run/cached/$i
+    mount --bind "$R$path" $R/run/cached/$i || echo "vm-init: cached view of $path failed"
+    i=$((i+1))
+done < $R/run/vmctl/cached
 while read -r tag path; do
     mount -t 9p -o $P9 "$tag" "$R$path" || echo "vm-init: read-write mount of $path failed"
 done < $R/run/vmctl/rwdirs
+i=0
+while read -r path; do
+    if grep -q " $R/run/cached/$i " /proc/mounts; then
+        mount --bind $R/run/cached/$i "$R$path" && mount -o remount,bind,ro "$R$path" ||
+            echo "vm-init: cached view of $path failed"
+        umount $R/run/cached/$i
+    fi
+    i=$((i+1))
+done < $R/run/vmctl/cached
 mount --move /proc $R/proc; mount --move /sys $R/sys; mount --move /dev $R/dev
 mkdir -p $R/dev/pts $R/dev/shm $R/dev/mqueue $R/run/lock $R/run/netns
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts $R/dev/pts
@@ -623,6 +647,16 @@ while read -r dir; do
     printf 'rw%s %s\n' "$i" "$dir" >>"$T/ctl/rwdirs"
     i=$((i + 1))
 done < <(printf '%s\n' "${RW_DIRS[@]}" | awk '{ print length($0) "\t" $0 }' | sort -n -s | cut -f2-)
+# VM_CACHED: directories the VM sees through the cached read-only root mount.
+: >"$T/ctl/cached"
+IFS=: read -r -a VM_CACHED_LIST <<<"${VM_CACHED:-}"
+for dir in "${VM_CACHED_LIST[@]}"; do
+    [[ -n $dir ]] || continue
+    [[ -d $dir ]] || die "cached directory '$dir' does not exist (VM_CACHED entries must be existing directories)"
+    dir=$(readlink -f -- "$dir")
+    [[ $dir != *$'\n'* ]] || die "cached directory names must not contain newlines"
+    printf '%s\n' "$dir" >>"$T/ctl/cached"
+done
 
 # ---------------------------------------------------------------- run
 mkfifo "$T/out.fifo" "$T/err.fifo"
