@@ -114,10 +114,56 @@ impl Drop for Reentry {
 struct Global {
     lock: UnsafeCell<libc::pthread_mutex_t>,
     state: UnsafeCell<Interceptor>,
-    /// The thread that sends `RELEASE`s that waited their delay, and the
-    /// process it runs in (a forked child has no copy of it and starts its
-    /// own).
-    flusher: UnsafeCell<Option<(u32, Thread)>>,
+    /// Who sends the `RELEASE`s that waited their delay.
+    flusher: UnsafeCell<Flusher>,
+}
+
+/// Who sends a process's `RELEASE`s that waited [`RELEASE_DELAY`] with no
+/// request to ride on. Each state names the process it holds for: a forked
+/// child has no copy of its parent's thread and starts its own.
+#[derive(Debug)]
+enum Flusher {
+    /// No release has waited yet.
+    None,
+    /// The thread, parked until a release starts waiting or one is due.
+    Running(u32, Thread),
+    /// The thread could not be started in this process: releases go at once.
+    /// Not retried, so a process at its thread limit is told once, not at
+    /// every destroyed object.
+    Unavailable(u32),
+}
+
+/// What [`Flusher::wake`] leaves to its caller.
+#[derive(Debug)]
+enum Wake {
+    /// The thread will send the release when it is due.
+    Thread,
+    /// No thread: send it now. `Some` the first time, with why.
+    SendNow(Option<std::io::Error>),
+}
+
+impl Flusher {
+    /// A release started waiting in `pid`: wake the thread, or start it with
+    /// `spawn` if this process has none and has not failed to start one.
+    fn wake(&mut self, pid: u32, spawn: impl FnOnce() -> std::io::Result<Thread>) -> Wake {
+        match self {
+            Flusher::Running(owner, thread) if *owner == pid => {
+                thread.unpark();
+                Wake::Thread
+            }
+            Flusher::Unavailable(owner) if *owner == pid => Wake::SendNow(None),
+            _ => match spawn() {
+                Ok(thread) => {
+                    *self = Flusher::Running(pid, thread);
+                    Wake::Thread
+                }
+                Err(e) => {
+                    *self = Flusher::Unavailable(pid);
+                    Wake::SendNow(Some(e))
+                }
+            },
+        }
+    }
 }
 
 // SAFETY: `state` and `flusher` are only reached through `with_state`, which
@@ -127,7 +173,7 @@ unsafe impl Sync for Global {}
 static GLOBAL: Global = Global {
     lock: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
     state: UnsafeCell::new(Interceptor::new()),
-    flusher: UnsafeCell::new(None),
+    flusher: UnsafeCell::new(Flusher::None),
 };
 
 static ATFORK: AtomicBool = AtomicBool::new(false);
@@ -192,23 +238,22 @@ fn with_state<R>(f: impl FnOnce(&mut Interceptor, u32, &mut Vec<String>) -> R) -
             // a flood's calls do not wake the flusher each time.
             // SAFETY: the lock is held, so this is the only reference.
             let flusher = unsafe { &mut *GLOBAL.flusher.get() };
-            match flusher {
-                Some((owner, thread)) if *owner == pid => thread.unpark(),
-                _ => match std::thread::Builder::new()
+            let wake = flusher.wake(pid, || {
+                std::thread::Builder::new()
                     .name("rdma-intercept".into())
                     .spawn(flush_releases)
-                {
-                    Ok(handle) => *flusher = Some((pid, handle.thread().clone())),
-                    Err(e) => {
-                        // No thread: send them now rather than leave them to
-                        // the program's next call, which may never come.
-                        log.push(format!(
-                            "rdma-intercept: cannot start the thread that sends releases \
-                             ({e}); sending each at once"
-                        ));
-                        state.flush_releases(pid, Instant::now() + RELEASE_DELAY);
-                    }
-                },
+                    .map(|handle| handle.thread().clone())
+            });
+            if let Wake::SendNow(why) = wake {
+                // No thread: send them now rather than leave them to the
+                // program's next call, which may never come.
+                if let Some(e) = why {
+                    log.push(format!(
+                        "rdma-intercept: cannot start the thread that sends releases \
+                         ({e}); sending each at once"
+                    ));
+                }
+                state.flush_releases(pid, Instant::now() + RELEASE_DELAY);
             }
         }
         result
@@ -556,4 +601,52 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut c_void) -> c_int {
         return libc::ENOSYS;
     };
     destroy(mr, || unsafe { f(mr) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::io;
+
+    fn refused() -> io::Result<Thread> {
+        Err(io::Error::from(io::ErrorKind::WouldBlock))
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_is_reported_once_per_process() {
+        let mut flusher = Flusher::None;
+        let spawns = Cell::new(0);
+        let spawn = || {
+            spawns.set(spawns.get() + 1);
+            refused()
+        };
+        assert!(matches!(flusher.wake(7, spawn), Wake::SendNow(Some(_))));
+        // Every later release of that process goes at once, silently, and
+        // no thread is tried again.
+        for _ in 0..3 {
+            assert!(matches!(flusher.wake(7, spawn), Wake::SendNow(None)));
+        }
+        assert_eq!(spawns.get(), 1);
+        // A forked child tries for itself.
+        assert!(matches!(flusher.wake(8, spawn), Wake::SendNow(Some(_))));
+        assert_eq!(spawns.get(), 2);
+    }
+
+    #[test]
+    fn a_started_thread_is_woken_not_started_again() {
+        let mut flusher = Flusher::None;
+        let spawns = Cell::new(0);
+        let spawn = || {
+            spawns.set(spawns.get() + 1);
+            Ok(std::thread::current())
+        };
+        assert!(matches!(flusher.wake(7, spawn), Wake::Thread));
+        assert!(matches!(flusher.wake(7, spawn), Wake::Thread));
+        assert_eq!(spawns.get(), 1);
+        assert!(matches!(flusher, Flusher::Running(7, _)));
+        // A child of a fork has no copy of the thread.
+        assert!(matches!(flusher.wake(8, spawn), Wake::Thread));
+        assert_eq!(spawns.get(), 2);
+    }
 }
