@@ -18,7 +18,8 @@
 //! This module holds the records only: it sits below [`crate::protect`], so
 //! the AEAD and the metrics can name an [`Op`] without depending on the
 //! setup. The control channel's receivers for this step (`expect_ack`,
-//! `expect_close`, `expect_client_request`) are in [`crate::session`].
+//! `expect_client_request`) are in [`crate::session`], `expect_control` in
+//! [`crate::lanes`].
 
 use serde::{Deserialize, Serialize};
 

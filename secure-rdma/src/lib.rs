@@ -22,8 +22,15 @@
 //!   receiver per step.
 //! - [`session`]: one connection's RDMA resources, connected and confirmed,
 //!   and the control channel's receivers of the steady state.
+//! - [`lanes`]: several RC queue pairs in one session over its one TLS
+//!   connection: the lane messages, their keys' context, the lanes a server
+//!   closed.
 //! - [`warm`]: the warm path, session resources made ahead of time by a
 //!   pool's own thread, each serving one session.
+//! - [`events`]: data-path failures by cause, so an attack that is not an
+//!   AEAD failure is still seen and counted.
+//! - [`setup_watch`]: whether the server's own connection setup has slowed
+//!   (a noisy neighbour), from the median of its last sessions.
 //! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
 //! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
 //! - [`metrics`]: the server's counters and histograms (sessions, handshakes,
@@ -37,11 +44,12 @@
 //! The layers, lowest first:
 //!
 //! ```text
-//! psn → verbs → datapath → protect → certs → tls → handshake → session → warm → client, server
+//! psn → verbs → datapath → protect → certs → tls → handshake → session → lanes → warm → client, server
 //! ```
 //!
 //! (`ratelimit`, `quota` and `metrics` stand beside them: `metrics` names
-//! operations and rejections, so it sits above `handshake`.)
+//! operations and rejections, so it sits above `handshake`; `events` sits
+//! above `session`, whose errors it sorts; `setup_watch` needs none of them.)
 //!
 //! The library emits `tracing` events and never installs a subscriber: the
 //! binaries decide where logs go.

@@ -9,16 +9,18 @@
 //! made.
 //!
 //! Step 6, the steady state, is here too: the control channel's receivers of
-//! the acknowledgements, the bye and the abort ([`Channel::expect_ack`],
-//! [`Channel::expect_close`], [`Channel::expect_client_request`]), whose
-//! records are [`crate::datapath`]'s.
+//! the acknowledgements and the client's requests ([`Channel::expect_ack`],
+//! [`Channel::expect_client_request`]), whose records are
+//! [`crate::datapath`]'s. What the server says between operations (its bye,
+//! an abort, a lane it closed) is [`Channel::expect_control`]'s, in
+//! [`crate::lanes`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::datapath::{AbortReason, Ack, ClientRequest, Op};
+use crate::datapath::{Ack, ClientRequest, Op};
 use crate::handshake::{unexpected, Channel, Endpoint, HandshakeError, Kind, Message};
 use crate::protect::{AuthError, Protection, SealError, HEADER_LEN, OVERHEAD};
 use crate::psn::Psn;
@@ -1209,18 +1211,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
             }),
             Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
             other => Err(unexpected(Kind::Ack, &other)),
-        }
-    }
-
-    /// Waits for the server to end an established session (client side,
-    /// between operations): `Ok(None)` for an orderly bye, `Ok(Some(reason))`
-    /// for an abort. Cancel-safe, so it can sit in a `select!` next to the
-    /// user's input.
-    pub async fn expect_close(&mut self) -> Result<Option<AbortReason>, HandshakeError> {
-        match self.recv::<Message>().await? {
-            Message::Bye => Ok(None),
-            Message::Abort { reason } => Ok(Some(reason)),
-            other => Err(unexpected(Kind::Bye, &other)),
         }
     }
 

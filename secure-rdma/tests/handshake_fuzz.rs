@@ -116,7 +116,7 @@ async fn handshake_frames_never_panic_or_hang() {
                 3 => chan.expect_ready().await,
                 4 => chan.expect_confirmed().await,
                 5 => chan.expect_ack().await.map(|_| ()),
-                6 => chan.expect_close().await.map(|_| ()),
+                6 => chan.expect_control().await.map(|_| ()),
                 _ => chan.recv::<Message>().await.map(|_| ()),
             }
         })

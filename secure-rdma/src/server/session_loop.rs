@@ -57,21 +57,11 @@ async fn claim_lane(
     if carried {
         return Err("the lane's stream is still carried by another lane of this session".into());
     }
-    let hello = match req.resume {
-        Some(hello) => hello,
-        None if streams.in_use(identity, req.stream) => {
-            return Err("a fresh lane names a stream already in use: draw a new one".into())
-        }
-        None => crate::handshake::StreamHello {
-            id: req.stream,
-            next: 1,
-            sent: 0,
-        },
-    };
-    streams
-        .claim(identity, hello, wait)
-        .await
-        .map_err(|e| e.to_string())
+    match req.resume {
+        Some(hello) => streams.claim(identity, hello, wait).await,
+        None => streams.claim_fresh(identity, req.stream),
+    }
+    .map_err(|e| e.to_string())
 }
 use crate::events::DataPathCause;
 use crate::handshake::{HandshakeError, Message};

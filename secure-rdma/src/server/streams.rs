@@ -83,6 +83,19 @@ pub enum ClaimError {
     /// Another identity's stream: a client can only name streams it made.
     #[error("stream {0} belongs to another identity")]
     NotYours(String),
+    /// A stream named as fresh that is served now or has something answered: the client
+    /// must draw a new one (or resume this one).
+    #[error("stream {0} is already in use: draw a new one")]
+    InUse(String),
+}
+
+/// What a claim answers, before it is recorded.
+struct Answer {
+    state: Arc<Mutex<StreamState>>,
+    resume: Resume,
+    first: u64,
+    flagged_through: u64,
+    sent: u64,
 }
 
 /// A session's hold on its stream: where its operations start, how to record
@@ -129,16 +142,33 @@ impl Streams {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether `identity`'s stream `id` is in use: served now, or something of it answered. A
-    /// stream claimed and let go with nothing answered (a lane refused after its claim) is not:
-    /// its client may still open it fresh.
-    pub(super) fn in_use(&self, identity: &str, id: StreamId) -> bool {
-        self.lock()
-            .map
-            .get(&(identity.to_owned(), id))
-            .is_some_and(|e| {
-                e.live.is_some() || e.state.lock().unwrap_or_else(|p| p.into_inner()).answered > 0
-            })
+    /// Takes `identity`'s stream `id` as a fresh one, in one step: refused if it is in use
+    /// (served now, or something of it answered), so two lanes naming one new stream cannot
+    /// both start it. A stream claimed and let go with nothing answered (a lane refused after
+    /// its claim) is not in use: its client may still open it fresh.
+    pub(super) fn claim_fresh(
+        self: &Arc<Self>,
+        identity: &str,
+        id: StreamId,
+    ) -> Result<StreamLease, ClaimError> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let forgotten = inner.expire(self.window, now);
+        if inner.owner.get(&id).is_some_and(|owner| owner != identity) {
+            return Err(ClaimError::NotYours(id.short()));
+        }
+        let key: Key = (identity.to_owned(), id);
+        if inner.map.get(&key).is_some_and(Entry::in_use) {
+            return Err(ClaimError::InUse(id.short()));
+        }
+        let answer = Answer {
+            state: Arc::new(Mutex::new(StreamState::default())),
+            resume: Resume::New,
+            first: 1,
+            flagged_through: 0,
+            sent: 0,
+        };
+        self.record(&mut inner, key, answer, forgotten, now)
     }
 
     /// Takes `hello`'s stream for a new session of `identity`: ends the stream's previous session
@@ -181,7 +211,7 @@ impl Streams {
         }
         let mut inner = self.lock();
         let now = Instant::now();
-        let mut forgotten = inner.expire(self.window, now);
+        let forgotten = inner.expire(self.window, now);
         let known = inner.map.get(&key).map(|e| Arc::clone(&e.state));
         let (resume, first, flagged_through, state) = match known {
             Some(state) => {
@@ -229,26 +259,46 @@ impl Streams {
                 (Resume::Expired, hello.next, hello.sent, state)
             }
         };
+        let answer = Answer {
+            state,
+            resume,
+            first,
+            flagged_through,
+            sent: hello.sent,
+        };
+        self.record(&mut inner, key, answer, forgotten, now)
+    }
+
+    /// Records `answer`'s claim of `key` and makes its lease: the stream's new live session.
+    fn record(
+        self: &Arc<Self>,
+        inner: &mut Inner,
+        key: Key,
+        answer: Answer,
+        mut forgotten: usize,
+        now: Instant,
+    ) -> Result<StreamLease, ClaimError> {
+        let (identity, id) = (key.0.as_str(), key.1);
         let (evict_tx, evicted) = oneshot::channel();
         let (done, done_rx) = watch::channel(false);
         if !inner.map.contains_key(&key) {
             forgotten += inner.make_room(identity, now);
-            if let Some(owner) = inner.owner.get(&hello.id) {
+            if let Some(owner) = inner.owner.get(&id) {
                 // Taken by another identity between the check above and now.
                 if owner != identity {
-                    return Err(ClaimError::NotYours(hello.id.short()));
+                    return Err(ClaimError::NotYours(id.short()));
                 }
             }
             *inner.per_identity.entry(identity.to_owned()).or_insert(0) += 1;
-            inner.owner.insert(hello.id, identity.to_owned());
+            inner.owner.insert(id, identity.to_owned());
         }
         let entry = inner.map.entry(key.clone()).or_insert_with(|| Entry {
-            state: Arc::clone(&state),
+            state: Arc::clone(&answer.state),
             live: None,
             ended: None,
             generation: 0,
         });
-        entry.state = Arc::clone(&state);
+        entry.state = Arc::clone(&answer.state);
         entry.generation += 1;
         entry.ended = None;
         entry.live = Some(Live {
@@ -260,15 +310,28 @@ impl Streams {
             streams: Arc::clone(self),
             key,
             generation,
-            state,
+            state: answer.state,
             evicted,
             done,
-            resume,
-            first,
-            flagged_through,
-            sent: hello.sent,
+            resume: answer.resume,
+            first: answer.first,
+            flagged_through: answer.flagged_through,
+            sent: answer.sent,
             forgotten,
         })
+    }
+}
+
+impl Entry {
+    /// Served now, or something of it answered.
+    fn in_use(&self) -> bool {
+        self.live.is_some()
+            || self
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .answered
+                > 0
     }
 }
 
@@ -412,29 +475,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stream_is_in_use_while_served_or_once_answered() {
+    async fn a_fresh_claim_is_refused_while_served_or_once_answered() {
         let streams = Arc::new(Streams::new(Duration::from_secs(120)));
-        let wait = Duration::from_secs(1);
         let (idle, used) = (StreamId([8; 16]), StreamId([9; 16]));
-        assert!(!streams.in_use("alice", idle));
-        let lease = streams
-            .claim("alice", hello(idle, 1, 0), wait)
-            .await
-            .unwrap();
-        assert!(streams.in_use("alice", idle), "served now");
+        let lease = streams.claim_fresh("alice", idle).unwrap();
+        assert_eq!((lease.resume.clone(), lease.first), (Resume::New, 1));
+        let again = streams.claim_fresh("alice", idle).map(|_| ()).unwrap_err();
+        assert!(matches!(again, ClaimError::InUse(_)), "served now: {again}");
         drop(lease);
-        assert!(
-            !streams.in_use("alice", idle),
-            "let go with nothing answered"
-        );
         let lease = streams
-            .claim("alice", hello(used, 1, 0), wait)
-            .await
-            .unwrap();
+            .claim_fresh("alice", idle)
+            .expect("let go with nothing answered: fresh again");
+        drop(lease);
+        let lease = streams.claim_fresh("alice", used).unwrap();
         answer(&lease, 1);
         drop(lease);
-        assert!(streams.in_use("alice", used));
-        assert!(!streams.in_use("bob", used), "only its identity's");
+        let again = streams.claim_fresh("alice", used).map(|_| ()).unwrap_err();
+        assert!(matches!(again, ClaimError::InUse(_)), "answered: {again}");
+        let theirs = streams.claim_fresh("bob", used).map(|_| ()).unwrap_err();
+        assert!(matches!(theirs, ClaimError::NotYours(_)), "{theirs}");
+        // The refused claims changed nothing: the stream still resumes.
+        let lease = streams
+            .claim("alice", hello(used, 2, 1), Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(matches!(lease.resume, Resume::Resumed { delivered: 1, .. }));
     }
 
     #[tokio::test]
