@@ -36,6 +36,10 @@
 #
 # Usage: scripts/bench-isolation.sh [options]
 #   --connections N  connections per setup measurement (default 200)
+#   --rounds N       measure every row N times, the rounds interleaved (each row once, the
+#                    victim alone first, then again); the table shows each value's median
+#                    (default 1). Under emulation a row's ratio moves by about 0.3x from one
+#                    run to the next; three rounds make a verdict less of a coin toss
 #   --seconds S      the refused flood's length for the collector's CPU (default 10)
 #   --kinds LIST     flood kinds, comma-separated (default cq,qp,mr:4096,mr:1048576,pd,bypass,hoard)
 #   --layers LIST    layers, comma-separated (default none,intercept,cgroup,cpu)
@@ -46,21 +50,22 @@
 #   --out DIR        output directory
 #   --release        build and measure the release binaries (default: the dev build)
 # Exit codes: 0 all goals met, 1 the measurement failed, 2 usage, 3 a goal missed.
-# About 25 minutes in the VM with the defaults. Timings are emulated (qemu TCG) and the host's
+# About 25 minutes in the VM with the defaults, and about 20 more per extra round. Timings are emulated (qemu TCG) and the host's
 # CPU may be shared: read the ratios to alone, not the absolute values.
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CONNECTIONS=200 SECONDS_REFUSED=10 KINDS=cq,qp,mr:4096,mr:1048576,pd,bypass,hoard
+CONNECTIONS=200 ROUNDS=1 SECONDS_REFUSED=10 KINDS=cq,qp,mr:4096,mr:1048576,pd,bypass,hoard
 LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug FLAG_RATE=1000
 FLAG_WINDOW=0.5
 die() { echo "bench-isolation.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
-        --connections|--seconds|--kinds|--layers|--rate|--cpu-max|--out|--flag-rate|--flag-window)
+        --connections|--rounds|--seconds|--kinds|--layers|--rate|--cpu-max|--out|--flag-rate|--flag-window)
             [ $# -ge 2 ] || die "$1 needs a value (see --help)"
             case $1 in
                 --connections) CONNECTIONS=$2 ;;
+                --rounds) ROUNDS=$2 ;;
                 --seconds) SECONDS_REFUSED=$2 ;;
                 --kinds) KINDS=$2 ;;
                 --layers) LAYERS=$2 ;;
@@ -76,7 +81,7 @@ while [ $# -gt 0 ]; do
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
-for pair in "--connections:$CONNECTIONS" "--seconds:$SECONDS_REFUSED" "--rate:$RATE" "--cpu-max:$CPU_MAX" \
+for pair in "--connections:$CONNECTIONS" "--rounds:$ROUNDS" "--seconds:$SECONDS_REFUSED" "--rate:$RATE" "--cpu-max:$CPU_MAX" \
     "--flag-rate:$FLAG_RATE"; do
     v=${pair#*:}
     if ! [[ $v =~ ^[0-9]+$ ]] || [ "$v" -lt 1 ]; then
@@ -130,7 +135,7 @@ chmod 755 "$WORK"
 
 cat >"$WORK/inside.sh" <<'INNER'
 set -euo pipefail
-# From the environment: BIN WORK CONNECTIONS SECONDS_REFUSED KINDS LAYERS RATE CPU_MAX
+# From the environment: BIN WORK CONNECTIONS ROUNDS SECONDS_REFUSED KINDS LAYERS RATE CPU_MAX
 # FLAG_RATE FLAG_WINDOW
 RAW=$WORK/raw.csv
 # The binaries from tmpfs (see the header), the collector's socket and the monitor's output
@@ -342,10 +347,14 @@ measure() { # kind layer
 
 # Warm up (the first connection opens the device, the neighbour tables fill).
 "${CLIENT[@]}" bench connect -n 3 --json >/dev/null
-victim alone none
-for kind in ${KINDS//,/ }; do
-    for layer in ${LAYERS//,/ }; do
-        measure "$kind" "$layer"
+# Rounds interleaved, so that the lab's drift over the run spreads over every row alike.
+for round in $(seq "$ROUNDS"); do
+    [ "$ROUNDS" = 1 ] || echo "bench: round $round of $ROUNDS" >&2
+    victim alone none
+    for kind in ${KINDS//,/ }; do
+        for layer in ${LAYERS//,/ }; do
+            measure "$kind" "$layer"
+        done
     done
 done
 victim alone-again none
@@ -372,7 +381,7 @@ INNER
 echo "bench-isolation.sh: measuring in the VM" >&2
 # The VM's own time limit: generous, the measurements are bounded by the options above.
 VM_TIMEOUT=${VM_TIMEOUT:-3600} bash "$ROOT/scripts/softroce-vm.sh" \
-    "env BIN=$BIN WORK=$WORK CONNECTIONS=$CONNECTIONS SECONDS_REFUSED=$SECONDS_REFUSED KINDS=$KINDS LAYERS=$LAYERS RATE=$RATE CPU_MAX=$CPU_MAX FLAG_RATE=$FLAG_RATE FLAG_WINDOW=$FLAG_WINDOW bash $WORK/inside.sh"
+    "env BIN=$BIN WORK=$WORK CONNECTIONS=$CONNECTIONS ROUNDS=$ROUNDS SECONDS_REFUSED=$SECONDS_REFUSED KINDS=$KINDS LAYERS=$LAYERS RATE=$RATE CPU_MAX=$CPU_MAX FLAG_RATE=$FLAG_RATE FLAG_WINDOW=$FLAG_WINDOW bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
 cp "$WORK/monitor.json" "$WORK/collector.log" "$OUT/" 2>/dev/null || true
 report_rc=0

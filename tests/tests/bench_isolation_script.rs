@@ -17,6 +17,8 @@ fn help_names_the_layers_the_kinds_and_the_options() {
     let help = String::from_utf8_lossy(&out.stdout);
     for word in [
         "--connections",
+        "--rounds",
+        "median",
         "--seconds",
         "--kinds",
         "--layers",
@@ -48,7 +50,9 @@ fn wrong_arguments_are_refused_with_exit_code_2_and_a_reason() {
         (&["--kinds", "qp,flood"][..], "unknown kind flood"),
         (&["--kinds", "mr:big"][..], "mr:BYTES"),
         (&["--layers", "none,ebpf"][..], "unknown layer ebpf"),
-        (&["--rounds", "3"][..], "unknown argument --rounds"),
+        (&["--rounds", "0"][..], "--rounds 0"),
+        (&["--rounds", "many"][..], "--rounds many"),
+        (&["--repeat", "3"][..], "unknown argument --repeat"),
         (&["--out"][..], "--out needs a value"),
         (&["--flag-rate", "0"][..], "--flag-rate 0"),
         (&["--flag-window", "0.05"][..], "--flag-window 0.05"),
@@ -129,4 +133,52 @@ fn the_report_exits_0_when_every_goal_is_met_and_3_naming_each_miss() {
         assert!(table.contains(says), "{says}:\n{table}");
         assert!(err.contains("goal(s) missed"), "{says}: {err}");
     }
+}
+
+/// Three rounds of `enforced`'s rows, the given setup p50 and detection per round (`None`:
+/// not flagged in that round).
+fn three_rounds(p50: [f64; 3], detected: [Option<f64>; 3]) -> String {
+    let mut rows = String::new();
+    for (p50, detected) in p50.into_iter().zip(detected) {
+        let round = enforced(p50, detected.unwrap_or(0.0), 1.5);
+        // The collector's own measurement and the victim's flags come once per run.
+        for line in round.lines().filter(|l| {
+            !l.starts_with("refused,")
+                && !l.starts_with("victim,")
+                && (detected.is_some() || !l.starts_with("cq,none,detected_after"))
+        }) {
+            rows.push_str(line);
+            rows.push('\n');
+        }
+    }
+    rows + "refused,intercept-fail,collector_cpu,1.5,% of a core\n"
+}
+
+#[test]
+fn rounds_are_judged_on_their_medians() {
+    // One noisy round does not decide the verdict either way.
+    let (code, table, err) = report(&three_rounds(
+        [12.0, 14.0, 12.5],
+        [Some(0.7), None, Some(0.9)],
+    ));
+    assert_eq!(code, Some(0), "{err}\n{table}");
+    assert!(table.contains("median of 3 rounds"), "{table}");
+    assert!(
+        table.contains("| 12.5 (1.25x) |"),
+        "the median p50: {table}"
+    );
+    // Unflagged counts as never: the median of 0.7, 0.9 and never is 0.9.
+    assert!(
+        table.contains("| 0.90 s (flagged in 2 of 3 rounds) |"),
+        "{table}"
+    );
+    // Two rounds of three decide it.
+    let (code, table, _) = report(&three_rounds([14.0, 12.0, 13.5], [Some(0.7), None, None]));
+    assert_eq!(code, Some(3), "{table}");
+    assert!(table.contains("cq/intercept: miss: p50 > 1.3x"), "{table}");
+    assert!(
+        table.contains("not flagged (flagged in 1 of 3 rounds)"),
+        "{table}"
+    );
+    assert!(table.contains("cq/none: miss: not detected"), "{table}");
 }
