@@ -37,11 +37,16 @@ def main() -> None:
     rounds = max((len(v) for v in samples.get(("alone", "none"), {}).values()), default=1)
     for key, m in samples.items():
         # A round in which the flood was never flagged has no detected_after: it counts as
-        # never (infinitely late), so the median is a flag in most rounds, not in any.
+        # never (infinitely late), so the median is a flag in most rounds, not in any. A
+        # median of never (flagged in fewer than half of the rounds) is no detection at all.
         ran = len(m.get("flood_cycles_per_s", []))
         found = m.get("detected_after", [])
         if ran > len(found) and found:
-            rows[key]["detected_after"] = statistics.median(found + [math.inf] * (ran - len(found)))
+            median = statistics.median(found + [math.inf] * (ran - len(found)))
+            if math.isinf(median):
+                del rows[key]["detected_after"]
+            else:
+                rows[key]["detected_after"] = median
         rows[key]["detected_rounds"] = len(found)
         rows[key]["rounds"] = max(ran, 1)
     alone = rows.get(("alone", "none"))
@@ -79,8 +84,6 @@ def main() -> None:
         hoarder's calls stop once it holds its objects, and a limited flood should stay
         under the threshold)."""
         judged = layer == "none" and kind not in ("hoard",) and not kind.startswith("alone")
-        if "detected_after" in m and math.isinf(m["detected_after"]):
-            del m["detected_after"]  # flagged in fewer than half of the rounds
         some = (f" (flagged in {m['detected_rounds']:.0f} of {m['rounds']:.0f} rounds)"
                 if 0 < m["detected_rounds"] < m["rounds"] else "")
         if "detected_after" in m:

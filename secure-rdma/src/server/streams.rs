@@ -284,7 +284,9 @@ impl Streams {
         if !inner.map.contains_key(&key) {
             forgotten += inner.make_room(identity, now);
             if let Some(owner) = inner.owner.get(&id) {
-                // Taken by another identity between the check above and now.
+                // `claim` checked the owner before it let go of the lock to wait for the
+                // stream's previous session, so another identity may have taken it since;
+                // for `claim_fresh`, which never let go, this check finds nothing new.
                 if owner != identity {
                     return Err(ClaimError::NotYours(id.short()));
                 }
