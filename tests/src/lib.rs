@@ -54,6 +54,19 @@ pub fn netdev_counter(dev: &str, counter: &str) -> u64 {
         .unwrap_or_else(|e| panic!("parsing {p}: {e}"))
 }
 
+/// Interrupts a child (SIGINT, as Ctrl-C would: the tools print their final summary on it) and
+/// waits for it with [`wait_with_deadline`].
+pub fn interrupt_and_wait(child: Child, deadline: Duration, what: &str) -> Output {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    assert_eq!(
+        unsafe { libc::kill(pid, libc::SIGINT) },
+        0,
+        "SIGINT to {what}"
+    );
+    wait_with_deadline(child, deadline, what)
+}
+
 /// Waits for a child with a deadline; kills it and fails the test on expiry,
 /// so a hung verbs process never hangs the suite.
 ///

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
-    require_lab, spawn, text, wait_listening, wait_with_deadline, ADDR_A, ADDR_B,
+    interrupt_and_wait, require_lab, spawn, text, wait_listening, wait_with_deadline, ADDR_A,
+    ADDR_B,
 };
 use serde_json::Value;
 
@@ -51,10 +52,7 @@ impl CaptureProc {
 
     /// Stops it with SIGINT; returns the packet objects and the summary.
     fn stop(self) -> (Vec<Value>, Value) {
-        // SAFETY: kill(2) on our own child.
-        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        assert_eq!(rc, 0);
-        let out = wait_with_deadline(self.child, DEADLINE, "rdma-capture");
+        let out = interrupt_and_wait(self.child, DEADLINE, "rdma-capture");
         assert!(
             out.status.success(),
             "rdma-capture failed: {}",

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use secure_rdma_tests::secure::{bin, client, sample, scrape as scrape_at, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
-    require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline, Killed, TestCgroup,
-    ADDR_A,
+    interrupt_and_wait, require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline,
+    Killed, TestCgroup, ADDR_A,
 };
 use serde_json::Value;
 
@@ -268,9 +268,7 @@ fn a_flooding_cgroup_process_and_user_are_flagged_within_a_second_of_the_window_
     // SIGINT, then the final report: nothing flagged any more.
     let mut monitor = monitor;
     let child = monitor.0.take().expect("monitor");
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let status = wait_with_deadline(child, DEADLINE, "rdma-monitor").status;
+    let status = interrupt_and_wait(child, DEADLINE, "rdma-monitor").status;
     assert!(
         status.success(),
         "rdma-monitor: {}",

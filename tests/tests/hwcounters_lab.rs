@@ -14,7 +14,7 @@ use secure_rdma_tests::inject::{
     FORGED_SRC_PORT,
 };
 use secure_rdma_tests::secure::{bin, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, wait_with_deadline};
+use secure_rdma_tests::{interrupt_and_wait, require_lab};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -115,9 +115,7 @@ fn forged_packets_with_wrong_psns_show_in_rdma_monitor_port_counters() {
     // The real client's next message is in order: the QP still works.
     pair.exchange(1).expect("the pair works after the attack");
 
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(monitor.id() as i32, libc::SIGINT) }, 0);
-    let out = wait_with_deadline(monitor, DEADLINE, "rdma-monitor");
+    let out = interrupt_and_wait(monitor, DEADLINE, "rdma-monitor");
     assert!(
         out.status.success(),
         "rdma-monitor: {}",

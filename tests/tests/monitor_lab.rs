@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use secure_rdma_tests::secure::{bin, client, Held, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
-    require_lab, spawn, text, wait_listening, wait_with_deadline, TestCgroup, ADDR_A,
+    interrupt_and_wait, require_lab, spawn, text, wait_listening, wait_with_deadline, TestCgroup,
+    ADDR_A,
 };
 use serde_json::Value;
 
@@ -62,9 +63,7 @@ impl MonitorProc {
             stdout,
             stderr,
         } = self;
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-        let out = wait_with_deadline(child, DEADLINE, "rdma-monitor");
+        let out = interrupt_and_wait(child, DEADLINE, "rdma-monitor");
         assert!(
             out.status.success(),
             "rdma-monitor: {}",

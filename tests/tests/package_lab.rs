@@ -16,7 +16,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use secure_rdma_tests::secure::Lines;
-use secure_rdma_tests::{bin_dir, require_lab, spawn, text, wait_with_deadline};
+use secure_rdma_tests::{
+    bin_dir, interrupt_and_wait, require_lab, spawn, text, wait_with_deadline,
+};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -305,10 +307,7 @@ fn capture_as_service_user(args: &[&str], attached: &[&str]) {
             l.starts_with("rdma-capture: attached") && l.contains(hook)
         });
     }
-    // SAFETY: kill with the pid of a child we spawned and have not reaped.
-    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let out = wait_with_deadline(child, DEADLINE, "rdma-capture");
+    let out = interrupt_and_wait(child, DEADLINE, "rdma-capture");
     let log = stderr.snapshot().join("\n");
     println!("rdma-capture {args:?} as {USER}:\n{log}");
     assert!(out.status.success(), "{log}");
