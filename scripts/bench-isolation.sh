@@ -13,6 +13,12 @@
 #              and CQ_COUNT to HOARD objects
 #   cgroup     the rdma cgroup: rdma.max hca_handle=4 hca_object=HOARD on both devices
 #   cpu        the cpu controller: cpu.max CPU_MAX (a share of one core), cpu.weight 10
+#   kernel     rdma-monitor --kernel-limit (a BPF LSM program): QP_CREATE, CQ_CREATE, MR_REG
+#              and PD_ALLOC limited to RATE/s in the kernel, which a private libibverbs does
+#              not get around (the floods of this layer run in the cgroup "flood-k", which
+#              the whole run's monitor limits)
+#   kernel-cpu the kernel layer and the cpu layer's cpu.max and cpu.weight together (a flood
+#              refused in the kernel retries at once, and spins on the CPU instead)
 # and once more alone at the end (the lab's own drift). KINDS (verbs-churn --kind):
 #   cq, qp (CQ + RC QP), mr:BYTES (registration), pd (open device + PD: context churn),
 #   bypass (QP churn through a private libibverbs: the interceptor never sees it),
@@ -20,7 +26,7 @@
 #   is measured once both hold theirs, or after 60 s at most).
 # Detection: rdma-monitor runs through it all (--flag-rate FLAG_RATE --flag-window
 # FLAG_WINDOW --flag-by cgroup); each row records how long after its floods started (their
-# first loop, by their own clock) the monitor flagged the cgroup "/flood", and whether it ever
+# first loop, by their own clock) the monitor flagged the floods' cgroup, and whether it ever
 # flagged the victim's. Each row also records how many requests the collector served.
 # Last, the collector's CPU under a refused flood: a CQ churn in fail mode, measured over
 # SECONDS after a 3 s warm-up (the collector's first requests page its code in).
@@ -42,7 +48,7 @@
 #                    run to the next; three rounds make a verdict less of a coin toss
 #   --seconds S      the refused flood's length for the collector's CPU (default 10)
 #   --kinds LIST     flood kinds, comma-separated (default cq,qp,mr:4096,mr:1048576,pd,bypass,hoard)
-#   --layers LIST    layers, comma-separated (default none,intercept,cgroup,cpu)
+#   --layers LIST    layers, comma-separated (default none,intercept,cgroup,cpu,kernel,kernel-cpu)
 #   --rate N         the interceptor's rate limit per verb, calls/s (default 20)
 #   --cpu-max PCT    the cpu controller's cap for the floods, % of one core (default 10)
 #   --flag-rate N    rdma-monitor's noisy-tenant threshold, calls/s (default 1000)
@@ -50,13 +56,15 @@
 #   --out DIR        output directory
 #   --release        build and measure the release binaries (default: the dev build)
 # Exit codes: 0 all goals met, 1 the measurement failed, 2 usage, 3 a goal missed.
-# About 25 minutes in the VM with the defaults, and about 20 more per extra round. Timings are emulated (qemu TCG) and the host's
-# CPU may be shared: read the ratios to alone, not the absolute values.
+# About 25 minutes in the VM per round with the defaults, so --rounds 3 takes about 75; a subset
+# costs what its rows do (--rounds 3 --kinds cq,qp --layers intercept: 8.5 minutes with the
+# release build). Timings are emulated (qemu TCG) and the host's CPU may be shared: read the
+# ratios to alone, not the absolute values.
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CONNECTIONS=200 ROUNDS=1 SECONDS_REFUSED=10 KINDS=cq,qp,mr:4096,mr:1048576,pd,bypass,hoard
-LAYERS=none,intercept,cgroup,cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug FLAG_RATE=1000
+LAYERS=none,intercept,cgroup,cpu,kernel,kernel-cpu RATE=20 CPU_MAX=10 OUT='' PROFILE=debug FLAG_RATE=1000
 FLAG_WINDOW=0.5
 die() { echo "bench-isolation.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -102,8 +110,8 @@ for k in ${KINDS//,/ }; do
 done
 for l in ${LAYERS//,/ }; do
     case $l in
-        none|intercept|cgroup|cpu) ;;
-        *) die "--layers: unknown layer $l (none, intercept, cgroup, cpu)" ;;
+        none|intercept|cgroup|cpu|kernel|kernel-cpu) ;;
+        *) die "--layers: unknown layer $l (none, intercept, cgroup, cpu, kernel, kernel-cpu)" ;;
     esac
 done
 cd "$ROOT"
@@ -152,13 +160,16 @@ CG=/sys/fs/cgroup
 # The victim and the floods in sibling cgroups, so that the cpu controller weighs them
 # against each other; rdma and cpu enabled for the children.
 echo "+rdma +cpu" >$CG/cgroup.subtree_control
-mkdir -p $CG/victim $CG/flood
+mkdir -p $CG/victim $CG/flood $CG/flood-k
 # `$IN victim cmd...` runs cmd inside the cgroup: sh moves itself in, then execs cmd, so
 # that `$IN ... &` leaves $! the pid of cmd itself (to signal it).
 IN=(sh -c 'echo $$ > "/sys/fs/cgroup/$0/cgroup.procs" && exec "$@"')
 unlimit() {
-    echo max >$CG/flood/cpu.max
-    echo 100 >$CG/flood/cpu.weight
+    local cg
+    for cg in flood flood-k; do
+        echo max >$CG/$cg/cpu.max
+        echo 100 >$CG/$cg/cpu.weight
+    done
     for dev in rxe-a rxe-b; do
         echo "$dev hca_handle=max hca_object=max" >$CG/flood/rdma.max
     done
@@ -228,9 +239,12 @@ stop_collector() { # kind layer: the requests it served, from its activity lines
     cat "$TMP/collector.log" >>"$WORK/collector.log"
 }
 
-# rdma-monitor, flagging noisy cgroups, through the whole run.
+# rdma-monitor, flagging noisy cgroups, through the whole run; it also holds the kernel
+# layer's limits on flood-k (idle until that layer's floods run there).
+KLIMITS=()
+for v in QP_CREATE CQ_CREATE MR_REG PD_ALLOC; do KLIMITS+=(--kernel-limit "/flood-k:$v=$RATE"); done
 "$BIN/rdma-monitor" --json --interval 1 --flag-rate "$FLAG_RATE" --flag-window "$FLAG_WINDOW" \
-    --flag-by cgroup >"$TMP/monitor.json" 2>"$WORK/monitor.err" &
+    --flag-by cgroup "${KLIMITS[@]}" >"$TMP/monitor.json" 2>"$WORK/monitor.err" &
 MONITOR=$!
 for i in $(seq 600); do
     grep -q '"live"' "$TMP/monitor.json" && break
@@ -246,14 +260,19 @@ flags_of() { # cgroup path
 flood_start() {
     sed -n 's/^verbs-churn: churning on .* at \([0-9.]*\)$/\1/p' "$WORK"/flood-rxe-*.err | sort -n | head -n 1
 }
+# The floods' cgroup: the kernel layer's is limited by the monitor, the others are set per row.
+flood_cg() { # layer
+    case $1 in kernel|kernel-cpu) echo flood-k ;; *) echo flood ;; esac
+}
 detection() { # kind layer start: seconds from start to the flag, if flagged; waits for it to end
-    local t i
-    t=$(flags_of /flood | awk -v t0="$3" '$1 == "started" && $2 >= t0 { printf "%.3f", $2 - t0; exit }')
+    local t i cg
+    cg=/$(flood_cg "$2")
+    t=$(flags_of "$cg" | awk -v t0="$3" '$1 == "started" && $2 >= t0 { printf "%.3f", $2 - t0; exit }')
     if [ -n "$t" ]; then
         row "$1" "$2" detected_after "$t" s
         # The next row's flood must start unflagged: wait for "ended" (a window of quiet).
         for i in $(seq 300); do
-            flags_of /flood | tail -n 1 | grep -q '^ended' && break
+            flags_of "$cg" | tail -n 1 | grep -q '^ended' && break
             sleep 0.1
         done
     fi
@@ -274,7 +293,7 @@ start_floods() { # kind layer [on_limit]
     fi
     FLOODS=()
     for dev in rxe-a rxe-b; do
-        "${IN[@]}" flood env "${env[@]}" "$BIN/verbs-churn" --device $dev "${args[@]}" \
+        "${IN[@]}" "$(flood_cg "$2")" env "${env[@]}" "$BIN/verbs-churn" --device $dev "${args[@]}" \
             >"$WORK/flood-$dev.json" 2>"$WORK/flood-$dev.err" &
         FLOODS+=($!)
     done
@@ -317,11 +336,11 @@ measure() { # kind layer
             for dev in rxe-a rxe-b; do
                 echo "$dev hca_handle=4 hca_object=$HOARD_LIMIT" >$CG/flood/rdma.max
             done ;;
-        cpu)
-            echo "$CPU_QUOTA 100000" >$CG/flood/cpu.max
-            echo 10 >$CG/flood/cpu.weight ;;
+        cpu|kernel-cpu)
+            echo "$CPU_QUOTA 100000" >"$CG/$(flood_cg "$layer")/cpu.max"
+            echo 10 >"$CG/$(flood_cg "$layer")/cpu.weight" ;;
     esac
-    th0=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' $CG/flood/cpu.stat)
+    th0=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' "$CG/$(flood_cg "$layer")/cpu.stat")
     start_floods "$kind" "$layer"
     local started
     started=$(flood_start)
@@ -336,8 +355,8 @@ measure() { # kind layer
     stop_floods "$kind" "$layer"
     [ -n "$COLLECTOR" ] && stop_collector "$kind" "$layer"
     [ -n "$started" ] && detection "$kind" "$layer" "$started"
-    th1=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' $CG/flood/cpu.stat)
-    if [ "$layer" = cpu ]; then
+    th1=$(awk '/^nr_throttled/ { n = $2 } /^throttled_usec/ { u = $2 } END { print n, u }' "$CG/$(flood_cg "$layer")/cpu.stat")
+    if [ "$layer" = cpu ] || [ "$layer" = kernel-cpu ]; then
         set -- $th0 $th1
         row "$kind" "$layer" flood_throttled_periods $(($3 - $1)) periods
         row "$kind" "$layer" flood_throttled_ms $((($4 - $2) / 1000)) ms

@@ -1,6 +1,8 @@
 //! Compiles every `bpf/NAME.bpf.c` (kernel-side programs, C with CO-RE) with clang into
-//! `$OUT_DIR/NAME.bpf.o`: `capture.bpf.c` (rdma-capture's XDP/TC/kprobe programs) and
-//! `monitor.bpf.c` (rdma-monitor's control-path probes).
+//! `$OUT_DIR/NAME.bpf.o`: `capture.bpf.c` (rdma-capture's XDP/TC/kprobe programs),
+//! `monitor.bpf.c` (rdma-monitor's control-path probes) and `enforce.bpf.c` (rdma-monitor's
+//! kernel rate limit, a BPF LSM program). `uverbs.h` is the uverbs ABI both rdma-monitor
+//! programs read.
 //!
 //! * `BPF_CLANG` overrides the compiler (default `clang`), `BPF_STRIP` the stripper
 //!   (default `llvm-strip`; stripping is skipped when it is missing).

@@ -8,7 +8,9 @@
 //! - [`report`]: per-interval snapshots rendered as text, JSON and Prometheus metrics, and the
 //!   HTTP exporter that serves them;
 //! - [`detect`]: noisy tenants, the processes, cgroups or users whose control-verb rate stays
-//!   above a threshold for a window.
+//!   above a threshold for a window;
+//! - [`enforce`]: a rate limit on a cgroup's RDMA object creations, enforced in the kernel by a
+//!   BPF LSM program (needs the `ebpf` feature), which no user-space bypass gets around.
 //!
 //! Without default features (`default-features = false`) the crate is the reports and the
 //! hardware counters alone: no aya, no BPF objects, no command line. Quota types, tenants,
@@ -24,6 +26,8 @@
 //! ```
 
 pub mod detect;
+#[cfg(feature = "ebpf")]
+pub mod enforce;
 pub mod hw_counters;
 pub mod monitor;
 pub mod report;

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -14,6 +14,7 @@ use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
 use rdma_collector::Collector;
 use rdma_monitor::detect::{Detector, DetectorConfig, Tenant, TenantKind, Transition};
+use rdma_monitor::enforce::{KernelLimit, KernelLimits};
 use rdma_monitor::hw_counters::{self, PortCounterReader};
 use rdma_monitor::monitor::{Monitor, MonitorOptions};
 use rdma_monitor::report::{self, AttachReport, Sampler, Snapshot, TextOptions};
@@ -36,7 +37,8 @@ use tokio::sync::watch;
 /// 0 disables; '#' comments) and --limit. They are enforced on programs run
 /// with LD_PRELOAD=librdma_intercept.so through the collector socket
 /// (--collector); refusals are marked INTERCEPTED. Use the kernel's rdma
-/// cgroup (rdma.max) for limits no program can get around.
+/// cgroup (rdma.max) for limits no program can get around, and
+/// --kernel-limit for a creation rate no program can get around.
 ///
 /// Needs root (or CAP_BPF and CAP_PERFMON), a kernel with BPF, BTF and
 /// kprobes. Ctrl-C stops it with a final summary.
@@ -101,6 +103,20 @@ struct Args {
     #[arg(long, value_name = "KINDS", value_delimiter = ',', default_value = "cgroup",
           value_parser = PossibleValuesParser::new(["process", "cgroup", "user"]).map(tenant_kind))]
     flag_by: Vec<TenantKind>,
+    /// Refuse a cgroup's RDMA object creations beyond a rate, in the kernel: CGROUP:VERB=RATE
+    /// (e.g. /tenants/b:QP_CREATE=20; the cgroup as in /proc/PID/cgroup or under
+    /// /sys/fs/cgroup; verbs QP_CREATE, CQ_CREATE, MR_REG, PD_ALLOC, CTX_OPEN; a burst of one
+    /// second's worth). A BPF LSM program on file_ioctl answers a call over the rate with EDQUOT
+    /// before the kernel does any work, whether or not the program runs under the interceptor
+    /// (a private libibverbs does not get around it). It applies to the processes directly in
+    /// that cgroup, while rdma-monitor runs; every report says how many calls it admitted and
+    /// refused. Needs `bpf` among the kernel's LSMs (/sys/kernel/security/lsm). Repeatable.
+    #[arg(
+        long = "kernel-limit",
+        value_name = "CGROUP:VERB=RATE",
+        conflicts_with = "no_ebpf"
+    )]
+    kernel_limits: Vec<KernelLimit>,
     /// Log format on stderr (RUST_LOG sets the level, default info).
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t)]
     log_format: LogFormat,
@@ -221,6 +237,24 @@ async fn run(args: Args) -> Result<()> {
         }
     }
 
+    let mut kernel = if args.kernel_limits.is_empty() {
+        None
+    } else {
+        let mut k =
+            KernelLimits::start(Path::new("/sys/kernel/btf")).context("starting --kernel-limit")?;
+        for limit in &args.kernel_limits {
+            k.set(limit)
+                .with_context(|| format!("--kernel-limit {}", limit.cgroup))?;
+            eprintln!(
+                "rdma-monitor: kernel limit: {} {}/s for {}",
+                limit.verb,
+                limit.per_second,
+                limit.cgroup_dir().display()
+            );
+        }
+        Some(k)
+    };
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     if let Some(path) = &args.collector {
@@ -294,6 +328,7 @@ async fn run(args: Args) -> Result<()> {
             _ = ticker.tick() => {
                 let snapshot = take(&monitor)?;
                 emit(&snapshot, args.json, &text, false, detection.as_ref(), started.elapsed());
+                emit_kernel_limits(&mut kernel, &args.kernel_limits, args.json)?;
                 if let Some(tx) = &metrics {
                     tx.send_replace(report::render_exposition(Some(&snapshot), &BUILD, |r| {
                         if let Some(d) = &detection {
@@ -355,6 +390,7 @@ async fn run(args: Args) -> Result<()> {
         detection.as_ref(),
         started.elapsed(),
     );
+    emit_kernel_limits(&mut kernel, &args.kernel_limits, args.json)?;
     for task in tasks {
         task.abort();
     }
@@ -400,6 +436,37 @@ fn emit(
         }
         println!();
     }
+}
+
+/// One line per --kernel-limit (text), or one `{"kernel_limits": [...]}` object (JSON): what
+/// the kernel admitted and refused under it so far.
+fn emit_kernel_limits(
+    kernel: &mut Option<KernelLimits>,
+    limits: &[KernelLimit],
+    json: bool,
+) -> Result<()> {
+    let Some(k) = kernel else {
+        return Ok(());
+    };
+    let mut rows = Vec::with_capacity(limits.len());
+    for l in limits {
+        let c = k.counts(l)?;
+        if json {
+            rows.push(serde_json::json!({
+                "cgroup": l.cgroup, "verb": l.verb.name(), "per_second": l.per_second,
+                "admitted": c.admitted, "refused": c.refused,
+            }));
+        } else {
+            println!(
+                "kernel limit {} {} {}/s: admitted={} refused={}",
+                l.cgroup, l.verb, l.per_second, c.admitted, c.refused
+            );
+        }
+    }
+    if json {
+        println!("{}", serde_json::json!({ "kernel_limits": rows }));
+    }
+    Ok(())
 }
 
 /// How often the detector looks at the counts (it decides only then).

@@ -127,6 +127,19 @@ fn bad_input_is_an_error_naming_the_problem() {
             &["--no-ebpf", "--metrics", "not-an-address"],
             "not-an-address",
         ),
+        (
+            &["--kernel-limit", "/t:QP_MODIFY=5"],
+            "the kernel limits QP_CREATE, CQ_CREATE, MR_REG, PD_ALLOC, CTX_OPEN only",
+        ),
+        (
+            &["--kernel-limit", "QP_CREATE=5"],
+            "is not CGROUP:VERB=RATE",
+        ),
+        // The kernel limit is an eBPF program: no eBPF, no limit.
+        (
+            &["--no-ebpf", "--kernel-limit", "/t:QP_CREATE=5"],
+            "cannot be used with",
+        ),
     ];
     for (args, want) in cases {
         let out = rdma_monitor(args);

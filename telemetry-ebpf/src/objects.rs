@@ -8,13 +8,16 @@
 //! use telemetry_ebpf::objects;
 //!
 //! // Either a BPF ELF object or, built without clang, empty.
-//! for object in [objects::MONITOR, objects::CAPTURE] {
+//! for object in [objects::MONITOR, objects::ENFORCE, objects::CAPTURE] {
 //!     assert!(object.is_empty() || object.starts_with(b"\x7fELF"));
 //! }
 //! ```
 
 /// `bpf/monitor.bpf.c` compiled: rdma-monitor's control-path probes.
 pub static MONITOR: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/monitor.bpf.o"));
+
+/// `bpf/enforce.bpf.c` compiled: rdma-monitor's kernel rate limit (a BPF LSM program).
+pub static ENFORCE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/enforce.bpf.o"));
 
 /// `bpf/capture.bpf.c` compiled: rdma-capture's XDP, TC and rxe-probe programs.
 pub static CAPTURE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));

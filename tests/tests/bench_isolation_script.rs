@@ -29,6 +29,7 @@ fn help_names_the_layers_the_kinds_and_the_options() {
         "intercept",
         "cgroup",
         "cpu.max",
+        "--kernel-limit",
         "bypass",
         "hoard",
         "--flag-rate",

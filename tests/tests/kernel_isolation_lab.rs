@@ -1,14 +1,16 @@
 //! The kernel layers of issue 23 on real Soft-RoCE, where user space cannot
 //! reach: the rdma cgroup stops a hoarder that goes around the interceptor,
-//! and the cpu controller throttles a control-path flood beside a victim.
+//! rdma-monitor's kernel rate limit (a BPF LSM program) holds a churning
+//! flood that goes around it to its rate, and the cpu controller throttles
+//! a control-path flood beside a victim.
 //! The recipes are the ones README's "Isolation: the kernel layers" gives
 //! an operator.
 //!
 //! Run inside the lab VM (`scripts/softroce-vm.sh`), after
 //!
 //! ```text
-//! cargo build -p rdma-intercept -p rdma-collector -p secure-rdma-server \
-//!     -p secure-rdma-client -p secure-rdma-tests --bins
+//! cargo build -p rdma-intercept -p rdma-collector -p rdma-monitor \
+//!     -p secure-rdma-server -p secure-rdma-client -p secure-rdma-tests --bins
 //! cargo test -p secure-rdma-tests --no-run --test kernel_isolation_lab
 //! ```
 
@@ -19,8 +21,10 @@ use std::time::{Duration, Instant};
 
 use rdma_quota::rdma_cgroup::{self, DeviceLimit};
 use secure_rdma_tests::collector::{preload, Collector};
-use secure_rdma_tests::secure::{client, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, TestCgroup};
+use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
+use secure_rdma_tests::{
+    interrupt_and_wait, require_lab, spawn, text, wait_with_deadline, Killed, TestCgroup,
+};
 use serde_json::Value;
 
 const CHURN: &str = env!("CARGO_BIN_EXE_verbs-churn");
@@ -218,6 +222,162 @@ fn the_rdma_cgroup_stops_a_hoarder_that_bypasses_the_interceptor() {
     // Everything was released with the program.
     assert_eq!(objects_now(&limited, "rxe-a"), 0, "rdma.current after exit");
     drop(collector);
+}
+
+/// `verbs-churn ARGS` in `cgroup` for `millis`, to its end; its report.
+fn churn_for(cgroup: &TestCgroup, args: &[&str], millis: u64) -> Value {
+    let mut cmd = Command::new(CHURN);
+    cmd.args(args)
+        .args(["--millis", &millis.to_string()])
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    in_cgroup(&mut cmd, cgroup);
+    let out = wait_with_deadline(
+        cmd.spawn().expect("spawn verbs-churn"),
+        DEADLINE,
+        "verbs-churn",
+    );
+    assert!(out.status.success(), "verbs-churn: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("verbs-churn report: {e}: {}", text(&out.stdout)))
+}
+
+/// Completed cycles per second from `from_ms` to the report's end (`ok_at_ms`), past the
+/// burst a rate limit lets through at the start.
+fn steady_rate(report: &Value, from_ms: u64) -> f64 {
+    let times = report["ok_at_ms"].as_array().expect("ok_at_ms");
+    let end = number(report, "elapsed_ms");
+    // Milliseconds since the flood's start, as fractions.
+    let n = times
+        .iter()
+        .filter(|t| t.as_f64().is_some_and(|t| t >= from_ms as f64))
+        .count();
+    n as f64 / ((end - from_ms) as f64 / 1000.0)
+}
+
+/// The `kernel limit CGROUP VERB RATE/s: admitted=N refused=M` line of `verb`, last of `lines`.
+fn kernel_counts(lines: &[String], verb: &str) -> (u64, u64) {
+    let line = lines
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("kernel limit ") && l.contains(&format!(" {verb} ")))
+        .unwrap_or_else(|| panic!("no kernel limit line for {verb} in:\n{}", lines.join("\n")));
+    let field = |k: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+    };
+    (field("admitted="), field("refused="))
+}
+
+/// A flood that resolves libibverbs privately goes around the interceptor, and the rdma
+/// cgroup cannot slow it (it holds one QP at a time). rdma-monitor --kernel-limit holds it to
+/// its rate in the kernel: QP creation (an ioctl method) and MR registration (a legacy command
+/// inside DEVICE/INVOKE_WRITE) alike, with EDQUOT for every call over the rate, and every call
+/// accounted for on both sides (the monitor's admitted and refused counts are the flood's own).
+/// A flood in another cgroup is not limited, and without the program the flood runs free.
+#[test]
+#[ignore = "needs the Soft-RoCE lab VM (scripts/softroce-vm.sh)"]
+fn a_kernel_rate_limit_holds_a_bypassing_flood_to_its_rate_and_only_in_its_cgroup() {
+    require_lab();
+    const QP_RATE: f64 = 20.0;
+    const MR_RATE: f64 = 50.0;
+    const MILLIS: u64 = 5000;
+    // After the burst of one second's worth at the start.
+    const STEADY_FROM_MS: u64 = 1500;
+    let limited = TestCgroup::new("klimit");
+    let other = TestCgroup::new("klimit-other");
+    let qp = ["--device", "rxe-a", "--kind", "qp", "--bypass"];
+    let mr = ["--device", "rxe-a", "--kind", "mr", "--bypass"];
+
+    // Without the program: the attack the limit has to stop.
+    let free = churn_for(&limited, &qp, 2000);
+    let free_rate = steady_rate(&free, 0);
+    println!("bypassing QP churn, no kernel limit: {free_rate:.0} cycles/s");
+    assert!(
+        free_rate > 5.0 * QP_RATE,
+        "the unlimited flood must run well above the limit to show anything: {free_rate:.0}/s"
+    );
+
+    let mut monitor = Command::new(bin("rdma-monitor"))
+        .args(["--interval", "1"])
+        .args([
+            "--kernel-limit",
+            &format!("{}:QP_CREATE={QP_RATE}", limited.path()),
+        ])
+        .args([
+            "--kernel-limit",
+            &format!("{}:MR_REG={MR_RATE}", limited.path()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rdma-monitor");
+    let out = Lines::collect(monitor.stdout.take().expect("stdout"));
+    let err = Lines::collect(monitor.stderr.take().expect("stderr"));
+    let mut monitor = Killed(Some(monitor));
+    // Both limits are set once both are said (the probes attach first, slowly under TCG).
+    err.wait_for("kernel limits set", 2, Duration::from_secs(120), |l| {
+        l.starts_with("rdma-monitor: kernel limit:")
+    });
+
+    let held = churn_for(&limited, &qp, MILLIS);
+    let held_rate = steady_rate(&held, STEADY_FROM_MS);
+    println!(
+        "bypassing QP churn under QP_CREATE={QP_RATE}/s: {held_rate:.1} cycles/s, ok {}, refused {}",
+        held["ok"], held["refused"]
+    );
+    assert!(
+        (held_rate - QP_RATE).abs() <= 0.1 * QP_RATE,
+        "held to {QP_RATE}/s +- 10 %: {held_rate:.1}/s"
+    );
+    let errnos: Vec<&String> = held["errno"].as_object().expect("errno").keys().collect();
+    assert_eq!(
+        errnos,
+        [&libc::EDQUOT.to_string()],
+        "refused with EDQUOT only: {held}"
+    );
+    assert!(number(&held, "refused") > 0, "{held}");
+
+    let mr_held = churn_for(&limited, &mr, MILLIS);
+    let mr_rate = steady_rate(&mr_held, STEADY_FROM_MS);
+    println!("bypassing MR churn under MR_REG={MR_RATE}/s: {mr_rate:.1} cycles/s");
+    assert!(
+        (mr_rate - MR_RATE).abs() <= 0.1 * MR_RATE,
+        "held to {MR_RATE}/s +- 10 %: {mr_rate:.1}/s"
+    );
+
+    // Another cgroup's flood is not the limit's business.
+    let beside = churn_for(&other, &qp, 2000);
+    let beside_rate = steady_rate(&beside, 0);
+    println!("the same flood in another cgroup: {beside_rate:.0} cycles/s");
+    assert!(beside_rate > 5.0 * QP_RATE, "{beside}");
+    assert_eq!(number(&beside, "refused"), 0, "{beside}");
+
+    let child = monitor.0.take().expect("monitor");
+    let status = interrupt_and_wait(child, DEADLINE, "rdma-monitor").status;
+    assert!(
+        status.success(),
+        "rdma-monitor: {}",
+        err.snapshot().join("\n")
+    );
+    let lines = out.snapshot();
+    // Every call of the limited floods is in the kernel's counts, exactly once.
+    let (admitted, refused) = kernel_counts(&lines, "QP_CREATE");
+    assert_eq!(
+        (admitted, refused),
+        (number(&held, "ok"), number(&held, "refused")),
+        "the kernel's QP_CREATE counts are the flood's"
+    );
+    let (admitted, refused) = kernel_counts(&lines, "MR_REG");
+    assert_eq!(
+        (admitted, refused),
+        (number(&mr_held, "ok"), number(&mr_held, "refused")),
+        "the kernel's MR_REG counts are the flood's"
+    );
 }
 
 /// Reads `key` from a cgroup's `cpu.stat`.
