@@ -56,9 +56,10 @@
 #   --out DIR        output directory
 #   --release        build and measure the release binaries (default: the dev build)
 # Exit codes: 0 all goals met, 1 the measurement failed, 2 usage, 3 a goal missed.
-# About 25 minutes in the VM per round with the defaults, so --rounds 3 takes about 75; a subset
-# costs what its rows do (--rounds 3 --kinds cq,qp --layers intercept: 8.5 minutes with the
-# release build). Timings are emulated (qemu TCG) and the host's CPU may be shared: read the
+# About a minute in the VM per row: with the defaults (7 kinds x 6 layers) about 45 minutes per
+# round (the last full run, with 4 layers, took 25), so --rounds 3 takes over two hours; a
+# subset costs what its rows do (--rounds 3 --kinds bypass --layers none,cpu,kernel,kernel-cpu:
+# 16 minutes with the release build). Timings are emulated (qemu TCG) and the host's CPU may be shared: read the
 # ratios to alone, not the absolute values.
 
 set -euo pipefail

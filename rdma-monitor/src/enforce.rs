@@ -22,9 +22,9 @@
 //!
 //! let mut limits = KernelLimits::start(Path::new("/sys/kernel/btf"))?;
 //! let limit: KernelLimit = "/tenants/b:QP_CREATE=20".parse()?;
-//! limits.set(&limit)?;
+//! let set = limits.set(&limit)?;
 //! // ... later:
-//! let counts = limits.counts(&limit)?;
+//! let counts = limits.counts(set)?;
 //! println!("{} admitted, {} refused", counts.admitted, counts.refused);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -175,9 +175,13 @@ pub struct LimitCounts {
     pub refused: u64,
 }
 
+/// A limit that is set: which cgroup (resolved when it was set) and verb, for [`KernelLimits::counts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetLimit(LimitKey);
+
 /// `struct limit_key` of enforce.bpf.c.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct LimitKey {
     cgroup_id: u64,
     verb: u32,
@@ -282,7 +286,11 @@ impl KernelLimits {
     }
 
     /// Sets (or replaces, with fresh counts) `limit`.
-    pub fn set(&mut self, limit: &KernelLimit) -> Result<(), EnforceError> {
+    ///
+    /// The cgroup is resolved now, to the id the kernel knows it by: the limit follows that
+    /// cgroup, and its counts stay readable after the cgroup is removed; a cgroup made again
+    /// under the same path is a new one, not limited.
+    pub fn set(&mut self, limit: &KernelLimit) -> Result<SetLimit, EnforceError> {
         let key = Self::key(limit)?;
         let interval_ns = 1_000_000_000 / u64::from(limit.per_second);
         let value = LimitValue {
@@ -294,13 +302,12 @@ impl KernelLimits {
         // A full map (4,096 limits) refuses the insert, and the error says so (E2BIG).
         self.map()?.insert(key, value, 0)?;
         tracing::info!(cgroup = %limit.cgroup, verb = limit.verb.name(), per_second = limit.per_second, "kernel limit set");
-        Ok(())
+        Ok(SetLimit(key))
     }
 
     /// What the kernel admitted and refused under `limit` since it was set.
-    pub fn counts(&mut self, limit: &KernelLimit) -> Result<LimitCounts, EnforceError> {
-        let key = Self::key(limit)?;
-        let value = self.map()?.get(&key, 0)?;
+    pub fn counts(&mut self, limit: SetLimit) -> Result<LimitCounts, EnforceError> {
+        let value = self.map()?.get(&limit.0, 0)?;
         Ok(LimitCounts {
             admitted: value.admitted,
             refused: value.refused,

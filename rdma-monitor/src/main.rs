@@ -14,7 +14,7 @@ use clap::Parser;
 use rdma_cli::logging::{self, LogFormat};
 use rdma_collector::Collector;
 use rdma_monitor::detect::{Detector, DetectorConfig, Tenant, TenantKind, Transition};
-use rdma_monitor::enforce::{KernelLimit, KernelLimits};
+use rdma_monitor::enforce::{KernelLimit, KernelLimits, SetLimit};
 use rdma_monitor::hw_counters::{self, PortCounterReader};
 use rdma_monitor::monitor::{Monitor, MonitorOptions};
 use rdma_monitor::report::{self, AttachReport, Sampler, Snapshot, TextOptions};
@@ -242,9 +242,13 @@ async fn run(args: Args) -> Result<()> {
     } else {
         let mut k =
             KernelLimits::start(Path::new("/sys/kernel/btf")).context("starting --kernel-limit")?;
+        let mut set = Vec::with_capacity(args.kernel_limits.len());
         for limit in &args.kernel_limits {
-            k.set(limit)
-                .with_context(|| format!("--kernel-limit {}", limit.cgroup))?;
+            set.push((
+                limit.clone(),
+                k.set(limit)
+                    .with_context(|| format!("--kernel-limit {}", limit.cgroup))?,
+            ));
             eprintln!(
                 "rdma-monitor: kernel limit: {} {}/s for {}",
                 limit.verb,
@@ -252,7 +256,7 @@ async fn run(args: Args) -> Result<()> {
                 limit.cgroup_dir().display()
             );
         }
-        Some(k)
+        Some((k, set))
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -328,7 +332,7 @@ async fn run(args: Args) -> Result<()> {
             _ = ticker.tick() => {
                 let snapshot = take(&monitor)?;
                 emit(&snapshot, args.json, &text, false, detection.as_ref(), started.elapsed());
-                emit_kernel_limits(&mut kernel, &args.kernel_limits, args.json)?;
+                emit_kernel_limits(&mut kernel, args.json)?;
                 if let Some(tx) = &metrics {
                     tx.send_replace(report::render_exposition(Some(&snapshot), &BUILD, |r| {
                         if let Some(d) = &detection {
@@ -390,7 +394,7 @@ async fn run(args: Args) -> Result<()> {
         detection.as_ref(),
         started.elapsed(),
     );
-    emit_kernel_limits(&mut kernel, &args.kernel_limits, args.json)?;
+    emit_kernel_limits(&mut kernel, args.json)?;
     for task in tasks {
         task.abort();
     }
@@ -441,16 +445,15 @@ fn emit(
 /// One line per --kernel-limit (text), or one `{"kernel_limits": [...]}` object (JSON): what
 /// the kernel admitted and refused under it so far.
 fn emit_kernel_limits(
-    kernel: &mut Option<KernelLimits>,
-    limits: &[KernelLimit],
+    kernel: &mut Option<(KernelLimits, Vec<(KernelLimit, SetLimit)>)>,
     json: bool,
 ) -> Result<()> {
-    let Some(k) = kernel else {
+    let Some((k, limits)) = kernel else {
         return Ok(());
     };
     let mut rows = Vec::with_capacity(limits.len());
-    for l in limits {
-        let c = k.counts(l)?;
+    for (l, set) in limits.iter() {
+        let c = k.counts(*set)?;
         if json {
             rows.push(serde_json::json!({
                 "cgroup": l.cgroup, "verb": l.verb.name(), "per_second": l.per_second,

@@ -277,7 +277,8 @@ fn kernel_counts(lines: &[String], verb: &str) -> (u64, u64) {
 /// its rate in the kernel: QP creation (an ioctl method) and MR registration (a legacy command
 /// inside DEVICE/INVOKE_WRITE) alike, with EDQUOT for every call over the rate, and every call
 /// accounted for on both sides (the monitor's admitted and refused counts are the flood's own).
-/// A flood in another cgroup is not limited, and without the program the flood runs free.
+/// A flood in another cgroup is not limited, and without the program the flood runs free. The
+/// limited cgroup removed while the monitor runs ends nothing (its counts are still reported).
 #[test]
 #[ignore = "needs the Soft-RoCE lab VM (scripts/softroce-vm.sh)"]
 fn a_kernel_rate_limit_holds_a_bypassing_flood_to_its_rate_and_only_in_its_cgroup() {
@@ -356,6 +357,20 @@ fn a_kernel_rate_limit_holds_a_bypassing_flood_to_its_rate_and_only_in_its_cgrou
     println!("the same flood in another cgroup: {beside_rate:.0} cycles/s");
     assert!(beside_rate > 5.0 * QP_RATE, "{beside}");
     assert_eq!(number(&beside, "refused"), 0, "{beside}");
+
+    // A limited cgroup that goes away does not end the monitor: its counts stay readable (the
+    // cgroup was resolved once, when the limit was set). Two more reports, the cgroup gone.
+    let is_qp_line = |l: &str| l.starts_with("kernel limit ") && l.contains(" QP_CREATE ");
+    let reports = out.snapshot().iter().filter(|l| is_qp_line(l)).count();
+    let dir = limited.0.clone();
+    drop(limited);
+    assert!(!dir.exists(), "{} removed", dir.display());
+    out.wait_for(
+        "reports without the cgroup",
+        reports + 2,
+        DEADLINE,
+        is_qp_line,
+    );
 
     let child = monitor.0.take().expect("monitor");
     let status = interrupt_and_wait(child, DEADLINE, "rdma-monitor").status;
