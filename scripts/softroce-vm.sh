@@ -408,6 +408,8 @@ mount -t cgroup2 cgroup2 $R/sys/fs/cgroup
 mount -t debugfs debugfs $R/sys/kernel/debug
 mount -t tracefs tracefs $R/sys/kernel/tracing
 mount -t bpf bpf $R/sys/fs/bpf
+# securityfs: rdma-monitor --kernel-limit reads the active LSMs there to say why it cannot attach.
+mount -t securityfs securityfs $R/sys/kernel/security
 ip link set lo up
 hostname softroce-vm
 OUT=/dev/null; ERR=/dev/null; n=0

@@ -161,6 +161,16 @@ pub fn spawn(cmd: &mut Command) -> Child {
         .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"))
 }
 
+/// Starts rdma-monitor with `args` (stdin closed), its stdout and stderr read line by line as
+/// they come: the monitor writes a report every interval, and the tests wait on those lines.
+/// Killed when the returned guard drops, unless a test takes the child out to stop it itself.
+pub fn rdma_monitor(args: &[&str]) -> (Killed, secure::Lines, secure::Lines) {
+    let mut child = spawn(Command::new(secure::bin("rdma-monitor")).args(args));
+    let out = secure::Lines::collect(child.stdout.take().expect("piped stdout"));
+    let err = secure::Lines::collect(child.stderr.take().expect("piped stderr"));
+    (Killed(Some(child)), out, err)
+}
+
 /// Resource lines of `rdma resource show <kind>` that belong to process
 /// `pid`. The kernel records the *thread* that created a resource, so the
 /// threads of a multi-threaded process (tokio workers) count as well.

@@ -21,10 +21,10 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{bin, client, sample, scrape as scrape_at, Lines, Pki, ServerProc};
+use secure_rdma_tests::secure::{client, sample, scrape as scrape_at, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
-    interrupt_and_wait, require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline,
-    Killed, TestCgroup, ADDR_A,
+    interrupt_and_wait, rdma_monitor, require_lab, spawn, text, wait_listening, wait_until,
+    wait_with_deadline, Killed, TestCgroup, ADDR_A,
 };
 use serde_json::Value;
 
@@ -118,23 +118,19 @@ fn a_flooding_cgroup_process_and_user_are_flagged_within_a_second_of_the_window_
         TestCgroup::new("detect-flood"),
         TestCgroup::new("detect-quiet"),
     );
-    let mut monitor = Command::new(bin("rdma-monitor"))
-        .args(["--json", "--interval", "1", "--flag-rate", RATE])
-        .args(["--flag-window", &WINDOW.as_secs_f64().to_string()])
-        .args([
-            "--flag-by",
-            "process,cgroup,user",
-            "--metrics",
-            METRICS_ADDR,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rdma-monitor");
-    let out = Lines::collect(monitor.stdout.take().expect("stdout"));
-    let err = Lines::collect(monitor.stderr.take().expect("stderr"));
-    let monitor = Killed(Some(monitor));
+    let (monitor, out, err) = rdma_monitor(&[
+        "--json",
+        "--interval",
+        "1",
+        "--flag-rate",
+        RATE,
+        "--flag-window",
+        &WINDOW.as_secs_f64().to_string(),
+        "--flag-by",
+        "process,cgroup,user",
+        "--metrics",
+        METRICS_ADDR,
+    ]);
     // Attached once the first report is out.
     out.wait_for("first report", 1, Duration::from_secs(60), |l| {
         l.starts_with("{\"") && l.contains("\"live\"")

@@ -315,17 +315,21 @@ fn the_idle_timeout_counts_from_the_last_message() {
             .expect("connect");
         let started = Instant::now();
         // 4 messages 0.8 s apart: 2.4 s of traffic, more than the 2 s timeout.
+        // `last` is taken before the last send, not after its acknowledgement: the server's
+        // idle clock starts when the message arrives, up to one round trip before the ack is
+        // back here, so only an instant from before the send bounds the timeout from below.
+        let mut last = started;
         for i in 1..=4u64 {
             if i > 1 {
                 tokio::time::sleep(Duration::from_millis(800)).await;
             }
+            last = Instant::now();
             let ack = client
                 .send(format!("still here {i}").as_bytes())
                 .await
                 .unwrap_or_else(|e| panic!("message {i} after {:?}: {e}", started.elapsed()));
             assert_eq!(ack.seq, i);
         }
-        let last = Instant::now();
         let ended = tokio::time::timeout(STEP, client.closed())
             .await
             .expect("the server never ended the silent session");

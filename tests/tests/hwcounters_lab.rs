@@ -6,15 +6,14 @@
 //!
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use secure_rdma_tests::inject::{
     hw_counter, hw_counter_settled, mac_of, send_frame, send_only, wait_hw_counter, LivePair,
     FORGED_SRC_PORT,
 };
-use secure_rdma_tests::secure::{bin, Lines, Pki, ServerProc};
-use secure_rdma_tests::{interrupt_and_wait, require_lab};
+use secure_rdma_tests::secure::{Pki, ServerProc};
+use secure_rdma_tests::{interrupt_and_wait, rdma_monitor, require_lab};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -38,15 +37,7 @@ fn forged_packets_with_wrong_psns_show_in_rdma_monitor_port_counters() {
     let mut pair = LivePair::connect();
     pair.exchange(2).expect("the pair works before the attack");
 
-    let mut monitor = Command::new(bin("rdma-monitor"))
-        .args(["--no-ebpf", "--json", "--interval", "0.5"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rdma-monitor");
-    let stdout = Lines::collect(monitor.stdout.take().expect("stdout"));
-    let stderr = Lines::collect(monitor.stderr.take().expect("stderr"));
+    let (mut monitor, stdout, stderr) = rdma_monitor(&["--no-ebpf", "--json", "--interval", "0.5"]);
     stdout.wait_for("first report", 1, DEADLINE, |l| l.starts_with('{'));
     let pki = Pki::new();
     let server = ServerProc::start(&pki, 4540, &["--telemetry", "--telemetry-interval", "1"]);
@@ -115,7 +106,11 @@ fn forged_packets_with_wrong_psns_show_in_rdma_monitor_port_counters() {
     // The real client's next message is in order: the QP still works.
     pair.exchange(1).expect("the pair works after the attack");
 
-    let out = interrupt_and_wait(monitor, DEADLINE, "rdma-monitor");
+    let out = interrupt_and_wait(
+        monitor.0.take().expect("monitor running"),
+        DEADLINE,
+        "rdma-monitor",
+    );
     assert!(
         out.status.success(),
         "rdma-monitor: {}",

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use rdma_quota::rdma_cgroup::{self, DeviceLimit};
 use secure_rdma_tests::collector::{preload, Collector};
-use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
+use secure_rdma_tests::secure::{client, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
-    interrupt_and_wait, require_lab, spawn, text, wait_with_deadline, Killed, TestCgroup,
+    interrupt_and_wait, rdma_monitor, require_lab, spawn, text, wait_with_deadline, TestCgroup,
 };
 use serde_json::Value;
 
@@ -302,24 +302,14 @@ fn a_kernel_rate_limit_holds_a_bypassing_flood_to_its_rate_and_only_in_its_cgrou
         "the unlimited flood must run well above the limit to show anything: {free_rate:.0}/s"
     );
 
-    let mut monitor = Command::new(bin("rdma-monitor"))
-        .args(["--interval", "1"])
-        .args([
-            "--kernel-limit",
-            &format!("{}:QP_CREATE={QP_RATE}", limited.path()),
-        ])
-        .args([
-            "--kernel-limit",
-            &format!("{}:MR_REG={MR_RATE}", limited.path()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rdma-monitor");
-    let out = Lines::collect(monitor.stdout.take().expect("stdout"));
-    let err = Lines::collect(monitor.stderr.take().expect("stderr"));
-    let mut monitor = Killed(Some(monitor));
+    let (mut monitor, out, err) = rdma_monitor(&[
+        "--interval",
+        "1",
+        "--kernel-limit",
+        &format!("{}:QP_CREATE={QP_RATE}", limited.path()),
+        "--kernel-limit",
+        &format!("{}:MR_REG={MR_RATE}", limited.path()),
+    ]);
     // Both limits are set once both are said (the probes attach first, slowly under TCG).
     err.wait_for("kernel limits set", 2, Duration::from_secs(120), |l| {
         l.starts_with("rdma-monitor: kernel limit:")

@@ -12,13 +12,13 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use secure_rdma_tests::secure::{bin, client, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, wait_until, wait_with_deadline, Killed};
+use secure_rdma_tests::secure::{client, Pki, ServerProc};
+use secure_rdma_tests::{rdma_monitor, require_lab, wait_until, wait_with_deadline};
 
 /// Resources each end keeps ready.
 const POOL: usize = 4;
@@ -87,16 +87,7 @@ struct Burst {
 /// --warm-pool POOL`), both watched by rdma-monitor's per-call events.
 fn burst(port: u16, metrics_port: u16, warm: bool) -> Burst {
     require_lab();
-    let mut monitor = Command::new(bin("rdma-monitor"))
-        .args(["--json", "--events", "--interval", "1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rdma-monitor");
-    let events = Lines::collect(monitor.stdout.take().expect("stdout"));
-    let monitor_err = Lines::collect(monitor.stderr.take().expect("stderr"));
-    let _monitor = Killed(Some(monitor));
+    let (_monitor, events, monitor_err) = rdma_monitor(&["--json", "--events", "--interval", "1"]);
     // Attached once the first report is out.
     events.wait_for("rdma-monitor's first report", 1, STEP, |l| {
         l.starts_with("{\"") && l.contains("\"live\"")
