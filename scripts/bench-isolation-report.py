@@ -160,7 +160,9 @@ def main() -> None:
             f"\nThe collector under two refused CQ churn floods (fail mode): "
             f"{refused['collector_cpu']:.1f} % of a core ({ok}), idle "
             f"{refused.get('collector_idle_cpu', 0):.1f} %; it served "
-            f"{refused.get('collector_requests', 0):.0f} requests while the floods were refused "
+            f"{refused.get('collector_requests', 0):.0f} requests in "
+            f"{refused.get('collector_writes', 0):.0f} writes (refusing "
+            f"{refused.get('collector_denied', 0):.0f} itself) while the floods were refused "
             f"{refused.get('flood_refused_per_s', 0):.0f} times a second and admitted "
             f"{refused.get('flood_cycles_per_s', 0):.0f} cycles a second."
         )

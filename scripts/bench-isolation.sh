@@ -231,12 +231,17 @@ start_collector() {
     done
     echo "bench: the collector never listened" >&2; cat "$TMP/collector.log" >&2; return 1
 }
-stop_collector() { # kind layer: the requests it served, from its activity lines
+activity_sum() { # key: the sum of key= over the collector's activity lines
+    sed -n "s/.*activity:.* $1=\([0-9]*\).*/\1/p" "$TMP/collector.log" | awk '{ n += $1 } END { print n + 0 }'
+}
+stop_collector() { # kind layer: the requests it served (and in how many writes, how many it
+    # refused itself), from its activity lines
     kill -TERM "$COLLECTOR"; wait "$COLLECTOR" || true
     rm -f "$SOCK_DIR/collector.sock"
     COLLECTOR=
-    row "$1" "$2" collector_requests "$(sed -n 's/.*activity:.* requests=\([0-9]*\).*/\1/p' "$TMP/collector.log" |
-        awk '{ n += $1 } END { print n + 0 }')" requests
+    row "$1" "$2" collector_requests "$(activity_sum requests)" requests
+    row "$1" "$2" collector_writes "$(activity_sum writes)" writes
+    row "$1" "$2" collector_denied "$(activity_sum denied)" refusals
     cat "$TMP/collector.log" >>"$WORK/collector.log"
 }
 

@@ -86,7 +86,10 @@
 //! suppressed. The summary's `requests=` counts every request served: the
 //! collector's work, which a refused program cannot drive up at will, since
 //! a rate refusal carries its retry time (protocol version 2,
-//! [`rdma_quota::wire`]) and the interceptor answers the repeats itself.
+//! [`rdma_quota::wire`]) and the interceptor answers the repeats itself; to
+//! a client that says it speaks version 3, an admission that fills a rate
+//! limit says how long the limit stays full, so the refusal after it is not
+//! asked for either.
 //! `writes=` counts the writes of replies: requests that arrive together (the
 //! interceptor sends the `RELEASE`s of destroyed objects with its next
 //! `ADMIT`) are answered together, and most of a request's cost is the

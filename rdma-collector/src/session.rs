@@ -35,6 +35,9 @@ pub(crate) struct Session {
     tickets: HashMap<u64, Admission>,
     next_ticket: u64,
     ledger: Ledger,
+    /// The client said `HELLO ...; protocol=3` or later: its admissions say
+    /// how long their rate limit stays full (`OK <ticket>; next_ms=N`).
+    holds: bool,
 }
 
 impl Session {
@@ -52,6 +55,7 @@ impl Session {
             tickets: HashMap::new(),
             next_ticket: 1,
             ledger,
+            holds: false,
         }
     }
 
@@ -71,9 +75,16 @@ impl Session {
         count(&self.ledger.activity.requests);
         let peer = &self.peer;
         match request {
-            Request::Hello { comm } => {
-                tracing::debug!(pid = peer.pid, comm = %peer.comm, claimed = %comm, "hello");
-                Reply::Ok
+            Request::Hello { comm, protocol } => {
+                tracing::debug!(pid = peer.pid, comm = %peer.comm, claimed = %comm, ?protocol, "hello");
+                // Version 3 is the first a HELLO names; a client naming a
+                // later one gets what this collector speaks.
+                if protocol.is_some_and(|n| n >= 3) {
+                    self.holds = true;
+                    Reply::OkWith(format!("protocol={}", rdma_quota::wire::VERSION))
+                } else {
+                    Reply::Ok
+                }
             }
             Request::Admit { verb, bytes } => {
                 let creates = verb.creates().is_some();
@@ -88,8 +99,8 @@ impl Session {
                 } else {
                     Ok(false)
                 };
+                let now = Instant::now();
                 let result = reserved.and_then(|reserved| {
-                    let now = Instant::now();
                     let admitted = if verb.creates() == Some(Resource::Mr) {
                         self.quota.admit_mr_at(bytes, now)
                     } else {
@@ -114,7 +125,16 @@ impl Session {
                             let ticket = self.next_ticket;
                             self.next_ticket += 1;
                             self.tickets.insert(ticket, admission);
-                            Reply::Ticket(ticket)
+                            // Version 3: say now what the next call would
+                            // hear, so that it need not be asked.
+                            let held = self
+                                .holds
+                                .then(|| self.quota.held_after(verb, now))
+                                .flatten();
+                            match held {
+                                Some(held) => Reply::Held { ticket, held },
+                                None => Reply::Ticket(ticket),
+                            }
                         } else {
                             Reply::Ok
                         };
@@ -352,5 +372,71 @@ mod tests {
         s.handle(Request::Stats);
         let line = s.ledger.activity.summary().expect("activity");
         assert!(line.ends_with(" requests=4 writes=0"), "{line}");
+    }
+
+    #[test]
+    fn a_version_3_client_hears_how_long_an_admission_shuts_its_limit() {
+        let config = "CQ_CREATE 2\ntenant gina QP_CREATE 1\n";
+        let quotas = Quotas::new(QuotaConfig::parse(config, "q").expect("config"));
+        // Without the HELLO (a version 2 interceptor): plain tickets, as
+        // before, whatever the limits.
+        let mut old = session(&quotas, "fred", 100);
+        assert_eq!(old.handle(admit(Verb::CqCreate, 0)), Reply::Ticket(1));
+        assert_eq!(old.handle(admit(Verb::CqCreate, 0)), Reply::Ticket(2));
+        assert!(matches!(
+            old.handle(admit(Verb::CqCreate, 0)),
+            Reply::Deny(_)
+        ));
+
+        let mut s = session(&quotas, "gina", 100);
+        let hello = |protocol| Request::Hello {
+            comm: "verbs-churn".into(),
+            protocol,
+        };
+        assert_eq!(s.handle(hello(None)), Reply::Ok);
+        assert_eq!(s.handle(hello(Some(2))), Reply::Ok);
+        assert_eq!(
+            s.handle(admit(Verb::QpCreate, 0)),
+            Reply::Ticket(1),
+            "still version 2"
+        );
+        assert_eq!(s.handle(hello(Some(3))), Reply::OkWith("protocol=3".into()));
+        // gina's own QP limit (1/s) is full since her first QP.
+        let Reply::Deny(_) = s.handle(admit(Verb::QpCreate, 0)) else {
+            panic!("gina's second QP within a second");
+        };
+        // The global CQ limit (2/s) is full with fred's two: refused as before.
+        assert!(matches!(s.handle(admit(Verb::CqCreate, 0)), Reply::Deny(_)));
+        // A verb without a rate limit is never held.
+        assert_eq!(s.handle(admit(Verb::PdAlloc, 0)), Reply::Ticket(2));
+
+        // Another tenant, on a limit that is not full until its second call:
+        // the first admission is plain, the one that fills it says for how long.
+        let quotas = Quotas::new(QuotaConfig::parse("MR_REG 2\n", "q").expect("config"));
+        let mut h = session(&quotas, "hank", 100);
+        h.handle(hello(Some(3)));
+        let started = std::time::Instant::now();
+        assert_eq!(h.handle(admit(Verb::MrReg, 4096)), Reply::Ticket(1));
+        let Reply::Held { ticket, held } = h.handle(admit(Verb::MrReg, 4096)) else {
+            panic!("the admission that fills the limit says how long it is full");
+        };
+        assert_eq!(ticket, 2);
+        // Full until the first registration leaves the window, one second after it.
+        let upper = std::time::Duration::from_secs(1);
+        let lower = upper.saturating_sub(started.elapsed() + std::time::Duration::from_millis(1));
+        assert!(
+            held <= upper && held >= lower,
+            "{held:?} not in {lower:?}..={upper:?}"
+        );
+        // And it is: the next call is refused for as long.
+        let Reply::Deny(reason) = h.handle(admit(Verb::MrReg, 4096)) else {
+            panic!("refused while held");
+        };
+        let retry = rdma_quota::wire::retry_after(&reason)
+            .1
+            .expect("retry time");
+        // Asked later, so no longer than the hold (the wire rounds up to ms).
+        let held_ms = std::time::Duration::from_millis(held.as_nanos().div_ceil(1_000_000) as u64);
+        assert!(retry <= held_ms, "{retry:?} after a hold of {held:?}");
     }
 }

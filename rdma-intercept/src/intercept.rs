@@ -216,6 +216,9 @@ pub struct Interceptor {
     /// The process this state belongs to; 0 before first use.
     pid: u32,
     conn: Option<Connection>,
+    /// The collector on `conn` answered our `HELLO` with protocol version 3:
+    /// its admissions say how long their rate limit stays full.
+    holds: bool,
     /// Bumped whenever `conn` is opened or dropped.
     generation: u64,
     /// Live objects (their addresses) and their tickets.
@@ -252,6 +255,7 @@ impl Interceptor {
         Interceptor {
             pid: 0,
             conn: None,
+            holds: false,
             generation: 0,
             objects: BTreeMap::new(),
             warned_open: false,
@@ -360,6 +364,16 @@ impl Interceptor {
         }
         if let Some(until) = self.refusals.held(verb, now) {
             self.answered_locally += 1;
+            // A hold an admission announced (version 3) has printed
+            // nothing yet: its first refusal says why, as a DENY would have.
+            if settings.on_limit == OnLimit::Fail && self.refusals.first_refusal(verb) {
+                log.push(format!(
+                    "rdma-intercept: {verb} refused: its rate limit is full (the collector said \
+                     so when it admitted the last one); refusing {verb} here for the next {} ms \
+                     without asking the collector",
+                    until.saturating_duration_since(now).as_millis().max(1)
+                ));
+            }
             return match settings.on_limit {
                 OnLimit::Fail => Decision::Refuse(ERRNO_DENIED),
                 OnLimit::Wait => Decision::Wait(until),
@@ -390,6 +404,18 @@ impl Interceptor {
                 generation: self.generation,
                 id,
             })),
+            // Version 3: admitted, and the next calls until then would be
+            // refused; answer them here instead of asking to hear it.
+            Ok(Reply::Held { ticket, held }) => {
+                // Counted from the reply's arrival, not from `now` (before the
+                // request): the collector measured `held` in between, and a hold
+                // that ended early would ask only to be refused.
+                self.refusals.hold(verb, now.max(Instant::now()), held);
+                Decision::Proceed(Some(Ticket {
+                    generation: self.generation,
+                    id: ticket,
+                }))
+            }
             Ok(Reply::Deny(reason)) => self.denied(settings, verb, &reason, now, log),
             Ok(Reply::Err(message)) => {
                 self.lose_connection(log);
@@ -434,13 +460,13 @@ impl Interceptor {
             }
             (None, mode) => {
                 if mode == OnLimit::Wait && !std::mem::replace(&mut self.warned_no_retry, true) {
-                    log.push(format!(
+                    log.push(
                         "rdma-intercept: the collector's refusal says no time to retry at \
                          (a count or byte limit, which waits on a destruction, or a collector \
-                         older than protocol version {}); refusing instead of waiting \
-                         (RDMA_INTERCEPT_ON_LIMIT=wait); this note is printed once",
-                        rdma_quota::wire::VERSION
-                    ));
+                         older than protocol version 2); refusing instead of waiting \
+                         (RDMA_INTERCEPT_ON_LIMIT=wait); this note is printed once"
+                            .to_owned(),
+                    );
                 }
                 log.push(format!("rdma-intercept: {verb} refused: {text}"));
                 Decision::Refuse(ERRNO_DENIED)
@@ -449,13 +475,35 @@ impl Interceptor {
     }
 
     /// The open connection, or a new one.
+    ///
+    /// A new one starts with `HELLO <comm>; protocol=3`: a collector that
+    /// speaks version 3 answers `OK protocol=3` and then says, with each
+    /// admission that fills a rate limit, how long it stays full; an older
+    /// one answers `OK` and the connection speaks version 2.
     fn connection(&mut self, settings: &Settings) -> Result<&mut Connection, ClientError> {
         if self.conn.is_none() {
-            let conn = Connection::connect(&settings.collector, TIMEOUT)?;
+            let mut conn = Connection::connect(&settings.collector, TIMEOUT)?;
+            let hello = Request::Hello {
+                comm: own_comm(),
+                protocol: Some(rdma_quota::wire::VERSION),
+            };
+            self.holds = match conn.request(&hello)? {
+                Reply::OkWith(payload) => payload
+                    .strip_prefix("protocol=")
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .is_some_and(|n| n >= 3),
+                _ => false,
+            };
             self.generation += 1;
             self.conn = Some(conn);
         }
         self.conn.as_mut().ok_or(ClientError::Closed)
+    }
+
+    /// Whether the open connection's collector says how long an admission
+    /// leaves its rate limit full (protocol version 3).
+    pub fn collector_holds(&self) -> bool {
+        self.conn.is_some() && self.holds
     }
 
     fn no_ticket(
@@ -651,6 +699,20 @@ impl fmt::Display for Problem {
     }
 }
 
+/// This thread's name (`/proc/self/comm`, at most 15 bytes), for the
+/// collector's `HELLO`; the collector trusts only what the kernel says about
+/// the peer, so a name that cannot be read is just `?`.
+fn own_comm() -> String {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into `name`.
+    let rc = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    if rc != 0 {
+        return "?".to_owned();
+    }
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..len]).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,6 +722,8 @@ mod tests {
 
     /// A scripted collector: answers each line with `respond(line)` and
     /// reports every line it saw, and every closed connection as "<close>".
+    /// A `HELLO` is not reported, and answered `OK` (a version 2 collector)
+    /// unless `respond` answers it with an `OK` of its own.
     fn collector(
         respond: fn(&str) -> String,
     ) -> (tempfile::TempDir, Settings, mpsc::Receiver<String>) {
@@ -680,8 +744,15 @@ mod tests {
                             Ok(0) | Err(_) => break,
                             Ok(_) => {}
                         }
-                        let _ = tx.send(line.trim_end().to_owned());
-                        let reply = respond(line.trim_end());
+                        let line = line.trim_end();
+                        let mut reply = respond(line);
+                        if line.starts_with("HELLO ") {
+                            if !reply.starts_with("OK") {
+                                reply = "OK\n".into();
+                            }
+                        } else {
+                            let _ = tx.send(line.to_owned());
+                        }
                         if reply.is_empty() || writer.write_all(reply.as_bytes()).is_err() {
                             break;
                         }
@@ -721,8 +792,14 @@ mod tests {
         std::thread::spawn(move || {
             for (n, stream) in listener.incoming().enumerate() {
                 let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                // The HELLO that opens each connection, then one request.
                 let mut line = String::new();
-                let _ = BufReader::new(&stream).read_line(&mut line);
+                let _ = reader.read_line(&mut line);
+                assert!(line.starts_with("HELLO "), "{line:?}");
+                let _ = stream.write_all(b"OK\n");
+                line.clear();
+                let _ = reader.read_line(&mut line);
                 let _ = tx.send(line.trim_end().to_owned());
                 let _ = stream.write_all(format!("OK {}\n", n + 1).as_bytes());
             }
@@ -805,18 +882,23 @@ mod tests {
                 let chunk = String::from_utf8_lossy(&buf[..n]).into_owned();
                 let mut replies = String::new();
                 for line in chunk.lines() {
-                    replies.push_str(if line.starts_with("RELEASE") {
-                        "OK\n"
-                    } else {
-                        next += 1;
-                        if next == 1 {
-                            "OK 1\n"
+                    replies.push_str(
+                        if line.starts_with("RELEASE") || line.starts_with("HELLO ") {
+                            "OK\n"
                         } else {
-                            "OK 2\n"
-                        }
-                    });
+                            next += 1;
+                            if next == 1 {
+                                "OK 1\n"
+                            } else {
+                                "OK 2\n"
+                            }
+                        },
+                    );
                 }
-                let _ = tx.send(chunk);
+                // The connection's HELLO is its own write; the tests count the others.
+                if !chunk.starts_with("HELLO ") {
+                    let _ = tx.send(chunk);
+                }
                 if stream.write_all(replies.as_bytes()).is_err() {
                     return;
                 }
@@ -1081,6 +1163,83 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// A version 3 collector whose CQ limit is full after each admission
+    /// for 50 ms.
+    fn cq_held_v3(line: &str) -> String {
+        match line {
+            l if l.starts_with("HELLO ") && l.ends_with("; protocol=3") => "OK protocol=3\n".into(),
+            "ADMIT CQ_CREATE" => "OK 5; next_ms=50\n".into(),
+            l if l.starts_with("RELEASE") => "OK\n".into(),
+            _ => "ERR unexpected\n".into(),
+        }
+    }
+
+    #[test]
+    fn an_admission_that_fills_the_limit_answers_the_next_calls_here() {
+        let (_dir, settings, seen) = collector(cq_held_v3);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let t0 = Instant::now();
+        let first = state.admit_at(1, &settings, Resource::Cq, 0, t0, &mut log);
+        let replied = Instant::now();
+        assert!(
+            matches!(first, Decision::Proceed(Some(Ticket { id: 5, .. }))),
+            "{first:?}"
+        );
+        assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        assert!(
+            state.collector_holds(),
+            "the HELLO was answered with protocol 3"
+        );
+        assert!(log.is_empty(), "{log:?}");
+        // The next calls within the 50 ms are refused here: the collector
+        // would only have said so (version 2 asked once more to hear it).
+        for i in 0..100u64 {
+            let now = t0 + Duration::from_micros(1 + i * 490);
+            let decision = state.admit_at(1, &settings, Resource::Cq, 0, now, &mut log);
+            assert_eq!(decision, Decision::Refuse(libc::EDQUOT), "call {i}");
+        }
+        assert_eq!((state.asked(), state.answered_locally()), (1, 100));
+        assert!(seen.try_recv().is_err(), "nothing else asked");
+        // One line says why, on the first refusal only.
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert!(
+            log[0].starts_with(
+                "rdma-intercept: CQ_CREATE refused: its rate limit is full (the collector said \
+                 so when it admitted the last one); refusing CQ_CREATE here for the next "
+            ),
+            "{log:?}"
+        );
+        // At the end of the hold (counted from the reply, which came before
+        // `replied`) the collector is asked, and admits.
+        let t1 = replied + ms(50);
+        let again = state.admit_at(1, &settings, Resource::Cq, 0, t1, &mut log);
+        assert!(matches!(again, Decision::Proceed(Some(_))), "{again:?}");
+        assert_eq!(recv(&seen), "ADMIT CQ_CREATE");
+        assert_eq!(state.asked(), 2);
+        // In wait mode a held call waits for the end of the hold instead
+        // (`t1` is still ahead of the clock, so the hold counts from it).
+        let wait = Settings {
+            on_limit: OnLimit::Wait,
+            ..settings.clone()
+        };
+        let held = state.admit_at(1, &wait, Resource::Cq, 0, t1 + ms(10), &mut log);
+        assert_eq!(held, Decision::Wait(t1 + ms(50)));
+    }
+
+    #[test]
+    fn a_version_2_collector_gets_no_hello_it_cannot_answer() {
+        // cq_rate_limited answers HELLO with ERR; the helper turns that into
+        // the plain OK of a version 2 collector: no holds, refusals as before.
+        let (_dir, settings, seen) = collector(cq_rate_limited);
+        let mut state = Interceptor::new();
+        let mut log = Vec::new();
+        let qp = state.admit(1, &settings, Resource::Qp, 0, &mut log);
+        assert!(matches!(qp, Decision::Proceed(Some(_))), "{qp:?}");
+        assert_eq!(recv(&seen), "ADMIT QP_CREATE");
+        assert!(state.connected() && !state.collector_holds());
     }
 
     #[test]

@@ -22,8 +22,13 @@
 //! refuses that verb itself, with the same `errno = EDQUOT`, without asking
 //! the collector and without printing, so a program retrying in a loop costs
 //! the collector a few requests per admitted call instead of one per
-//! refusal. With `RDMA_INTERCEPT_ON_LIMIT=wait` the call sleeps until then
-//! instead ([`limit`]).
+//! refusal. With a version 3 collector (the interceptor says `HELLO ...;
+//! protocol=3` on each connection) the admission that fills a rate limit
+//! already says how long it stays full, so even the first refusal after it
+//! is answered here (with one line on stderr saying why): per admitted call
+//! the collector serves its `ADMIT` and, in the same write as the next one,
+//! its `RELEASE`. With `RDMA_INTERCEPT_ON_LIMIT=wait` the call sleeps until
+//! then instead ([`limit`]).
 //!
 //! Destructions are never refused; they give the resource's ticket back.
 //! When the process exits (or crashes), the collector sees its connection

@@ -146,7 +146,17 @@ pub fn max_wait(value: Option<&OsStr>) -> (Duration, Option<String>) {
 #[derive(Debug, Clone, Default)]
 pub struct RefusalCache {
     /// At most one entry per verb (a handful of creating verbs).
-    held: Vec<(Verb, Instant)>,
+    held: Vec<Held>,
+}
+
+/// One verb refused until a time.
+#[derive(Debug, Clone)]
+struct Held {
+    verb: Verb,
+    until: Instant,
+    /// Announced by an admission ([`RefusalCache::hold`]) and not yet
+    /// explained to the program by a refusal.
+    unsaid: bool,
 }
 
 impl RefusalCache {
@@ -159,18 +169,60 @@ impl RefusalCache {
     /// `retry_after` (cut to [`RETRY_AFTER_MAX`], so a wrong answer cannot
     /// refuse a verb for longer than a rate window).
     pub fn remember(&mut self, verb: Verb, now: Instant, retry_after: Duration) {
-        let until = now + retry_after.min(RETRY_AFTER_MAX);
-        match self.held.iter_mut().find(|(v, _)| *v == verb) {
-            Some(entry) => entry.1 = until,
-            None => self.held.push((verb, until)),
+        self.set(verb, now, retry_after, false);
+    }
+
+    /// The collector admitted `verb` at `now` and said its rate limit is
+    /// full for `held` (protocol version 3): refused from here as after
+    /// [`remember`](Self::remember), but the first such refusal has not been
+    /// explained yet ([`first_refusal`](Self::first_refusal)).
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use rdma_intercept::limit::RefusalCache;
+    /// use rdma_quota::Verb;
+    ///
+    /// let mut cache = RefusalCache::new();
+    /// let t0 = Instant::now();
+    /// cache.hold(Verb::QpCreate, t0, Duration::from_millis(50));
+    /// assert!(cache.held(Verb::QpCreate, t0 + Duration::from_millis(1)).is_some());
+    /// assert!(cache.first_refusal(Verb::QpCreate));
+    /// assert!(!cache.first_refusal(Verb::QpCreate));
+    /// ```
+    pub fn hold(&mut self, verb: Verb, now: Instant, held: Duration) {
+        self.set(verb, now, held, true);
+    }
+
+    fn set(&mut self, verb: Verb, now: Instant, wait: Duration, unsaid: bool) {
+        let until = now + wait.min(RETRY_AFTER_MAX);
+        match self.held.iter_mut().find(|h| h.verb == verb) {
+            Some(entry) => {
+                entry.until = until;
+                entry.unsaid = unsaid;
+            }
+            None => self.held.push(Held {
+                verb,
+                until,
+                unsaid,
+            }),
         }
+    }
+
+    /// Whether this is the first refusal of `verb`'s hold from an admission
+    /// (then the caller prints why, once); false for a collector's refusal,
+    /// which printed its reason itself.
+    pub fn first_refusal(&mut self, verb: Verb) -> bool {
+        self.held
+            .iter_mut()
+            .find(|h| h.verb == verb)
+            .is_some_and(|h| std::mem::replace(&mut h.unsaid, false))
     }
 
     /// Until when `verb` is refused, if it still is at `now`; an entry that
     /// has run out is forgotten.
     pub fn held(&mut self, verb: Verb, now: Instant) -> Option<Instant> {
-        let index = self.held.iter().position(|(v, _)| *v == verb)?;
-        let until = self.held[index].1;
+        let index = self.held.iter().position(|h| h.verb == verb)?;
+        let until = self.held[index].until;
         if now < until {
             Some(until)
         } else {
@@ -181,7 +233,7 @@ impl RefusalCache {
 
     /// Verbs held at `now`.
     pub fn len(&self, now: Instant) -> usize {
-        self.held.iter().filter(|(_, until)| now < *until).count()
+        self.held.iter().filter(|h| now < h.until).count()
     }
 
     /// Whether nothing is held at `now`.

@@ -34,7 +34,8 @@ fn peer_pid(stream: &UnixStream) -> i32 {
 }
 
 /// A collector stand-in on a socket in `dir` that answers each request line with
-/// `reply(line)` and reports the line; with `connects`, each connection first reports
+/// `reply(line)` and reports the line (a `HELLO` it answers `OK`, as a version 2
+/// collector, without reporting it); with `connects`, each connection first reports
 /// "connect <pid>".
 fn fake_collector(
     dir: &Path,
@@ -57,6 +58,16 @@ fn fake_collector(
                 let mut writer = stream;
                 let mut line = String::new();
                 while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                    // The interceptor's HELLO on each new connection is answered as
+                    // a version 2 collector would, and not reported: the tests
+                    // count admissions.
+                    if line.starts_with("HELLO ") {
+                        if writer.write_all(b"OK\n").is_err() {
+                            break;
+                        }
+                        line.clear();
+                        continue;
+                    }
                     let _ = tx.send(line.trim_end().to_owned());
                     if writer.write_all(reply(line.trim_end()).as_bytes()).is_err() {
                         break;

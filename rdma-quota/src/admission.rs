@@ -254,6 +254,48 @@ impl TenantQuota {
         usage.windows[verb_index(verb)].next_free(now, limits.rate(verb)?)
     }
 
+    /// How long after `now` every call of `verb` would be refused by a rate
+    /// limit, or `None` if one would be admitted now: the longest wait among
+    /// the tenant's and the global limit that are full.
+    ///
+    /// Asked right after an admission, this tells the caller how long the
+    /// limit that admitted it stays shut (protocol version 3's `next_ms`), so
+    /// that the next call need not be asked about only to be refused. The
+    /// windows only fill further until then (refusals are not recorded), so
+    /// no call in that span could be admitted.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use rdma_quota::{QuotaConfig, Quotas, TenantInfo, Verb};
+    ///
+    /// let quotas = Quotas::new(QuotaConfig::parse("CQ_CREATE 2\n", "quota.conf")?);
+    /// let t = quotas.register(TenantInfo { identity: "a".into(), pid: 1, cgroup_id: 1 });
+    /// let t0 = Instant::now();
+    /// let _one = t.admit_at(Verb::CqCreate, t0)?;
+    /// assert_eq!(t.held_after(Verb::CqCreate, t0), None);
+    /// let at = t0 + Duration::from_millis(100);
+    /// let _two = t.admit_at(Verb::CqCreate, at)?;
+    /// assert_eq!(t.held_after(Verb::CqCreate, at), Some(Duration::from_millis(900)));
+    /// assert_eq!(t.held_after(Verb::QpCreate, at), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn held_after(&self, verb: Verb, now: Instant) -> Option<Duration> {
+        let config = &self.shared.config;
+        let state = self.shared.lock();
+        let v = verb_index(verb);
+        let own = config
+            .tenant(&self.identity)
+            .zip(state.tenants.get(&*self.identity))
+            .and_then(|(limits, tenant)| {
+                tenant.usage.windows[v].next_free(now, limits.rate(verb)?)
+            });
+        let global = config
+            .global
+            .rate(verb)
+            .and_then(|limit| state.global.windows[v].next_free(now, limit));
+        own.max(global).filter(|wait| !wait.is_zero())
+    }
+
     fn admit_inner(&self, verb: Verb, bytes: u64, now: Instant) -> Result<Admission, Refusal> {
         let config = &self.shared.config;
         let no_limits = Limits::default();

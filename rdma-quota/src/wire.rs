@@ -17,7 +17,8 @@
 //! | request                | reply                                            |
 //! |------------------------|--------------------------------------------------|
 //! | `HELLO <comm>`         | `OK` (optional, informational)                   |
-//! | `ADMIT <VERB>`         | `OK <ticket>` for a creating verb (`QP_CREATE`, `PD_ALLOC`, `CQ_CREATE`), `OK` for a rate-limited one (`QP_MODIFY`, ...), or `DENY <reason>` |
+//! | `HELLO <comm>; protocol=3` | `OK protocol=3` from a version 3 collector (then admissions may say how long their limit is full), `OK` from an older one |
+//! | `ADMIT <VERB>`         | `OK <ticket>` for a creating verb (`QP_CREATE`, `PD_ALLOC`, `CQ_CREATE`; `OK <ticket>; next_ms=<N>` after a version 3 `HELLO` when it fills a rate limit), `OK` for a rate-limited one (`QP_MODIFY`, ...), or `DENY <reason>` |
 //! | `ADMIT MR_REG <bytes>` | `OK <ticket>` or `DENY <reason>`                 |
 //! | `RELEASE <ticket>`     | `OK`, or `ERR unknown ticket N` (connection stays) |
 //! | `STATS`                | `OK global QP=n PD=n CQ=n MR=n MR_BYTES=n [tenant NAME QP=n ...]` |
@@ -32,7 +33,7 @@
 //!
 //! # Version 2: retry times
 //!
-//! This is protocol version 2 ([`VERSION`]). It adds one thing to version 1:
+//! Protocol version 2 added one thing to version 1:
 //! a `DENY` of a *rate* limit may end with `; retry_after_ms=<N>`, the
 //! milliseconds until the limit that refused would admit a call again
 //! ([`Reply::deny`], [`retry_after`]). An interceptor answers repeated calls
@@ -46,6 +47,26 @@
 //! refusal is still a `DENY`, the errno the same). A version 2 interceptor
 //! talking to a version 1 collector sees no retry time and asks every time,
 //! as before; it says so once when told to wait (`RDMA_INTERCEPT_ON_LIMIT=wait`).
+//!
+//! # Version 3: how long an admission leaves the limit full
+//!
+//! This is protocol version 3 ([`VERSION`]). Under a rate-limited flood,
+//! version 2 still costs the collector two requests per admitted call: the
+//! admission, and the refusal of the very next call, which only that refusal
+//! tells the interceptor to repeat locally. Version 3 puts the second answer
+//! into the first: a client that says `HELLO <comm>; protocol=3` is answered
+//! `OK protocol=3`, and from then on an admission that leaves a rate limit
+//! full reads `OK <ticket>; next_ms=<N>` ([`Reply::Held`]): every call of
+//! that verb in the next N ms would be refused, so the interceptor refuses
+//! (or waits) itself until then and asks once after. The limits are sliding
+//! windows that other callers can only fill further, so a refusal in that
+//! span is exactly what the collector would have said.
+//!
+//! Only a client that asked gets the suffix: a version 2 interceptor, which
+//! never says `HELLO`, would read `OK 7; next_ms=50` as an admission without
+//! a ticket. A version 2 collector answers the `HELLO` with a plain `OK` (the
+//! suffix is part of the informational name to it), and the interceptor then
+//! speaks version 2.
 //!
 //! A line that does not parse (unknown command, bad number, not UTF-8, over
 //! 512 bytes) is answered with `ERR <message>` and the connection is closed,
@@ -75,7 +96,15 @@ use std::fmt;
 use crate::Verb;
 
 /// The protocol version these types speak; see the module docs.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
+
+/// What precedes the version a client speaks, at the end of its `HELLO`
+/// (version 3).
+pub const PROTOCOL_TAG: &str = "; protocol=";
+
+/// What precedes the milliseconds of an admission's hold (version 3): how
+/// long the rate limit that admitted it refuses every further call.
+pub const NEXT_TAG: &str = "; next_ms=";
 
 /// What precedes the milliseconds of a `DENY`'s retry time.
 pub const RETRY_AFTER_TAG: &str = "; retry_after_ms=";
@@ -146,10 +175,14 @@ pub const DEFAULT_SOCKET: &str = "/run/rdma-monitor/collector.sock";
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// `HELLO <comm>`: the program's own name for itself (informational).
+    /// `HELLO <comm>` or `HELLO <comm>; protocol=<N>`: the program's own name
+    /// for itself (informational) and, from version 3, the protocol version
+    /// it speaks.
     Hello {
         /// What the client claims; never trusted.
         comm: String,
+        /// The version after [`PROTOCOL_TAG`], if the client named one.
+        protocol: Option<u32>,
     },
     /// `ADMIT <VERB>` or `ADMIT MR_REG <bytes>`: may one more be made?
     Admit {
@@ -229,12 +262,21 @@ impl Request {
         match command {
             "HELLO" => {
                 // The name may contain spaces: everything after the command.
-                let comm = text.trim().strip_prefix("HELLO").unwrap_or("").trim();
+                let rest = text.trim().strip_prefix("HELLO").unwrap_or("").trim();
+                // A version that does not parse stays part of the name, as a
+                // version 2 collector would read it.
+                let (comm, protocol) = match rest.rsplit_once(PROTOCOL_TAG) {
+                    Some((comm, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                        (comm.trim(), Some(n.parse().unwrap_or(u32::MAX)))
+                    }
+                    _ => (rest, None),
+                };
                 if comm.is_empty() {
                     return Err(BadRequest::MissingArgument("HELLO"));
                 }
                 Ok(Request::Hello {
                     comm: comm.to_owned(),
+                    protocol,
                 })
             }
             "ADMIT" => {
@@ -281,13 +323,17 @@ impl Request {
     /// collector rather than dropped here.
     pub fn to_line(&self) -> String {
         match self {
-            Request::Hello { comm } => {
+            Request::Hello { comm, protocol } => {
                 let clean: String = comm
                     .chars()
                     .map(|c| if c.is_control() { '?' } else { c })
                     .collect();
+                let tag = protocol.map(|n| format!("{PROTOCOL_TAG}{n}"));
+                let tag = tag.as_deref().unwrap_or("");
+                // The name is cut, never the version after it.
                 let mut line = format!("HELLO {}", clean.trim());
-                truncate_to(&mut line, MAX_LINE - 1);
+                truncate_to(&mut line, MAX_LINE - 1 - tag.len());
+                line.push_str(tag);
                 line.push('\n');
                 line
             }
@@ -365,6 +411,16 @@ pub enum Reply {
     /// `OK <ticket>`: admitted; release this ticket when the resource is
     /// destroyed.
     Ticket(u64),
+    /// `OK <ticket>; next_ms=<N>` (version 3, only to a client that said so
+    /// in its `HELLO`): admitted, and the rate limit that admitted it is now
+    /// full: it refuses every call of the verb for `held` (rounded up to
+    /// whole milliseconds on the wire, cut to [`RETRY_AFTER_MAX`] when read).
+    Held {
+        /// As in [`Reply::Ticket`].
+        ticket: u64,
+        /// How long the limit refuses after this admission.
+        held: std::time::Duration,
+    },
     /// `OK`: done.
     Ok,
     /// `OK <payload>`: done, with a payload (`STATS`). A payload that is
@@ -405,6 +461,10 @@ impl Reply {
     pub fn to_line(&self) -> String {
         let line = match self {
             Reply::Ticket(n) => format!("OK {n}"),
+            Reply::Held { ticket, held } => {
+                let ms = held.as_nanos().div_ceil(1_000_000).max(1);
+                format!("OK {ticket}{NEXT_TAG}{ms}")
+            }
             Reply::Ok => "OK".to_owned(),
             Reply::OkWith(payload) => format!("OK {payload}"),
             Reply::Deny(reason) => format!("DENY {reason}"),
@@ -421,7 +481,8 @@ impl Reply {
 
     /// Parses one reply line, with or without its `\n`.
     ///
-    /// `OK` followed by plain digits is a [`Reply::Ticket`]; any other `OK`
+    /// `OK` followed by plain digits is a [`Reply::Ticket`], and by plain
+    /// digits, [`NEXT_TAG`] and plain digits a [`Reply::Held`]; any other `OK`
     /// payload is kept as text.
     pub fn parse(line: &str) -> Result<Reply, BadReply> {
         let bad = |problem| BadReply {
@@ -441,11 +502,24 @@ impl Reply {
         };
         match word {
             "OK" if rest.is_empty() => Ok(Reply::Ok),
-            "OK" => match rest.parse::<u64>() {
-                // Only plain digits are tickets: "+5" or " 5" are payloads.
-                Ok(n) if rest.bytes().all(|b| b.is_ascii_digit()) => Ok(Reply::Ticket(n)),
-                _ => Ok(Reply::OkWith(rest.to_owned())),
-            },
+            "OK" => {
+                // Only plain digits are numbers: "+5" or " 5" are payloads.
+                let number = |s: &str| {
+                    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                        .then(|| s.parse::<u64>().ok())
+                        .flatten()
+                };
+                if let Some(n) = number(rest) {
+                    return Ok(Reply::Ticket(n));
+                }
+                if let Some((ticket, ms)) = rest.split_once(NEXT_TAG) {
+                    if let (Some(ticket), Some(ms)) = (number(ticket), number(ms)) {
+                        let held = std::time::Duration::from_millis(ms).min(RETRY_AFTER_MAX);
+                        return Ok(Reply::Held { ticket, held });
+                    }
+                }
+                Ok(Reply::OkWith(rest.to_owned()))
+            }
             "DENY" if rest.is_empty() => Err(bad("DENY without a reason")),
             "DENY" => Ok(Reply::Deny(rest.to_owned())),
             "ERR" if rest.is_empty() => Err(bad("ERR without a message")),
@@ -516,6 +590,30 @@ mod tests {
                 "HELLO my program",
                 Request::Hello {
                     comm: "my program".into(),
+                    protocol: None,
+                },
+            ),
+            (
+                "HELLO verbs-churn; protocol=3",
+                Request::Hello {
+                    comm: "verbs-churn".into(),
+                    protocol: Some(3),
+                },
+            ),
+            // A version that is not a number is part of the name, as a
+            // version 2 collector reads every HELLO.
+            (
+                "HELLO x; protocol=3a",
+                Request::Hello {
+                    comm: "x; protocol=3a".into(),
+                    protocol: None,
+                },
+            ),
+            (
+                "HELLO x; protocol=99999999999",
+                Request::Hello {
+                    comm: "x".into(),
+                    protocol: Some(u32::MAX),
                 },
             ),
         ];
@@ -611,8 +709,16 @@ mod tests {
             (
                 Request::Hello {
                     comm: " ibv_rc_pingpong\n".into(),
+                    protocol: None,
                 },
                 "HELLO ibv_rc_pingpong?\n",
+            ),
+            (
+                Request::Hello {
+                    comm: "ib_send_bw".into(),
+                    protocol: Some(VERSION),
+                },
+                "HELLO ib_send_bw; protocol=3\n",
             ),
         ];
         for (request, line) in cases {
@@ -623,10 +729,62 @@ mod tests {
     #[test]
     fn hello_never_exceeds_a_line() {
         let comm = "é".repeat(400);
-        let line = Request::Hello { comm }.to_line();
-        assert!(line.len() <= MAX_LINE, "{}", line.len());
-        assert!(line.ends_with('\n'));
-        assert_eq!(line.matches('\n').count(), 1);
+        for protocol in [None, Some(VERSION)] {
+            let line = Request::Hello {
+                comm: comm.clone(),
+                protocol,
+            }
+            .to_line();
+            assert!(line.len() <= MAX_LINE, "{}", line.len());
+            assert!(line.ends_with('\n'));
+            assert_eq!(line.matches('\n').count(), 1);
+            // The name is cut, not the version.
+            let parsed = Request::parse(line.trim_end().as_bytes()).expect("parses");
+            let Request::Hello { protocol: read, .. } = parsed else {
+                panic!("{parsed:?}")
+            };
+            assert_eq!(read, protocol);
+        }
+    }
+
+    #[test]
+    fn an_admission_says_how_long_its_limit_is_full() {
+        use std::time::Duration;
+        let held = Reply::Held {
+            ticket: 7,
+            held: Duration::from_micros(36_200),
+        };
+        // Rounded up: the interceptor must not ask a millisecond early.
+        assert_eq!(held.to_line(), "OK 7; next_ms=37\n");
+        assert_eq!(
+            Reply::parse("OK 7; next_ms=37\n"),
+            Ok(Reply::Held {
+                ticket: 7,
+                held: Duration::from_millis(37)
+            })
+        );
+        // Never "0": that would read as no hold at all.
+        let now = Reply::Held {
+            ticket: 1,
+            held: Duration::from_nanos(1),
+        };
+        assert_eq!(now.to_line(), "OK 1; next_ms=1\n");
+        // A hold longer than a rate window is cut when read.
+        assert_eq!(
+            Reply::parse("OK 2; next_ms=86400000"),
+            Ok(Reply::Held {
+                ticket: 2,
+                held: RETRY_AFTER_MAX
+            })
+        );
+        // Anything else after a ticket stays a payload.
+        for payload in ["7; next_ms=", "7; next_ms=+5", "x; next_ms=5", "7; later=5"] {
+            assert_eq!(
+                Reply::parse(&format!("OK {payload}")),
+                Ok(Reply::OkWith(payload.into())),
+                "{payload:?}"
+            );
+        }
     }
 
     #[test]

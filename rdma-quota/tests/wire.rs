@@ -83,19 +83,26 @@ fn release_stats_and_hello_round_trip() {
         assert_eq!(sent(&request), Ok(request));
     }
     assert_eq!(sent(&Request::Stats), Ok(Request::Stats));
-    let hello = Request::Hello {
-        comm: "ibv_rc_pingpong".into(),
-    };
-    assert_eq!(sent(&hello), Ok(hello));
+    for protocol in [None, Some(rdma_quota::wire::VERSION)] {
+        let hello = Request::Hello {
+            comm: "ibv_rc_pingpong".into(),
+            protocol,
+        };
+        assert_eq!(sent(&hello), Ok(hello));
+    }
 }
 
 #[test]
 fn a_hostile_program_name_cannot_break_the_framing() {
     let request = Request::Hello {
         comm: format!("evil\nRELEASE 1\n{}", "x".repeat(2000)),
+        protocol: Some(3),
     };
     match sent(&request) {
-        Ok(Request::Hello { comm }) => assert!(comm.starts_with("evil?RELEASE 1?x"), "{comm}"),
+        Ok(Request::Hello { comm, protocol }) => {
+            assert!(comm.starts_with("evil?RELEASE 1?x"), "{comm}");
+            assert_eq!(protocol, Some(3), "the version survives the cut name");
+        }
         other => panic!("{other:?}"),
     }
 }
