@@ -39,6 +39,11 @@
 #   --cpu MODEL   the VM's qemu CPU model (default Nehalem: no AES-NI, so sessions use
 #                 ChaCha20-Poly1305; Westmere adds AES-NI and PCLMULQDQ, so AES-256-GCM);
 #                 compare the two runs through their ratios to the perftest rows of each
+# A hold above about 16,000 sessions outgrows Linux's default vm.max_map_count (65,530
+# mappings per process; rxe maps each CQ and QP queue, about 4 per session, and the
+# client holds all its sessions in one process): the VM raises it, the open-file limit
+# (about 3 descriptors per session per end) and the ephemeral port range, and boots
+# with VM_MEM = 2 GiB + 400 KiB per held session (both ends) unless VM_MEM is set.
 # Timings are emulated (qemu TCG): compare the rows with each other, not with
 # hardware. Needs perftest, rdmacm-utils and gnuplot (installed if missing).
 
@@ -48,7 +53,10 @@ ROUNDS=3 HOLD=1000 QUICK=0 SETUP_ONLY=0 OUT=
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift 2 ;;
-        --hold) HOLD=$2; shift 2 ;;
+        --hold) if [ $# -lt 2 ] || ! [[ $2 =~ ^[0-9]+$ ]]; then
+                    echo "bench.sh: --hold needs a number of sessions (0 for none)" >&2; exit 2
+                fi
+                HOLD=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
         --setup-only) SETUP_ONLY=1; shift ;;
         --out) OUT=$2; shift 2 ;;
@@ -56,7 +64,7 @@ while [ $# -gt 0 ]; do
                    echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2
                fi
                export VM_CPU=$2; shift 2 ;;
-        -h|--help) sed -n '2,43p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
+        -h|--help) sed -n '2,48p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -177,7 +185,10 @@ done
     --buffer-size 1048576 --allow-unprotected --poll busy >"$WORK/server.log" 2>&1 &
 SERVER=$!
 # The connection server: the defaults (4 KiB buffers, event-driven), room for HOLD sessions.
-ulimit -n 65536
+# Past about 16,000 sessions each end runs out of mappings (vm.max_map_count, 65,530 by
+# default: `ibv_create_cq` then fails), descriptors and ephemeral ports (see the header).
+sysctl -q -w vm.max_map_count=1048576 net.ipv4.ip_local_port_range="1024 65535"
+ulimit -n $(( HOLD * 3 + 4096 > 65536 ? HOLD * 3 + 4096 : 65536 ))
 MAX=$(( HOLD > 16 ? HOLD : 16 ))
 "$BIN/secure-server" --listen 10.77.0.1:4801 --certs "$WORK/pki" --max-clients "$MAX" \
     --max-pending 64 --max-pending-per-address 16 >"$WORK/hold-server.log" 2>&1 &
@@ -325,7 +336,8 @@ echo "bench.sh: $ROUNDS round(s) in the VM" >&2
 # The variables travel in the command line (env ...): the VM starts from a clean environment.
 # Three full rounds take about 20 minutes under TCG on an idle host: the VM's 15-minute default
 # limit is raised (and can be set).
-VM_TIMEOUT=${VM_TIMEOUT:-3600} bash "$ROOT/scripts/softroce-vm.sh" \
+VM_MEM=${VM_MEM:-$(( 2048 + HOLD * 400 / 1024 ))M} VM_TIMEOUT=${VM_TIMEOUT:-3600} \
+    bash "$ROOT/scripts/softroce-vm.sh" \
     "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD SETUP_ONLY=$SETUP_ONLY CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
 python3 "$ROOT/scripts/bench-report.py" "$OUT/raw.csv" "$OUT"

@@ -103,10 +103,34 @@ fn bench_sh_help_explains_the_cipher_rows_and_the_cpu_model() {
         "seal + open",
         "--quick",
         "table.md",
+        "vm.max_map_count",
+        "VM_MEM",
     ] {
         assert!(help.contains(word), "--help lacks {word}:\n{help}");
     }
     assert!(!help.lines().any(|l| l.starts_with('#')), "{help}");
+    // The help ends where the header does: its last line is the header's last.
+    assert!(
+        help.trim_end().ends_with("(installed if missing)."),
+        "{help}"
+    );
+}
+
+#[test]
+fn bench_sh_refuses_a_hold_that_is_not_a_number() {
+    for bad in [
+        &["--hold", "many"][..],
+        &["--hold"][..],
+        &["--hold", "-5"][..],
+    ] {
+        let out = bench_sh(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "bench.sh: --hold needs a number of sessions (0 for none)\n",
+            "{bad:?}"
+        );
+    }
 }
 
 #[test]
