@@ -201,10 +201,14 @@ def main() -> int:
     if hold:
         n = next(k[2] for k in values if k[1] == "hold")
         lines += [f"### {n} sessions held on one secure-server", "",
-                  "| established | setup, ms | server KiB per session | client KiB per session |",
-                  "|---:|---:|---:|---:|",
-                  f"| {fmt(hold.get('established'), 0)} | {fmt(hold.get('setup_ms'), 0)} | "
-                  f"{fmt(hold.get('server_rss_per_session_kib'))} | {fmt(hold.get('client_rss_per_session_kib'))} |", ""]
+                  "| established | delivered | setup, ms | server KiB per session | client KiB per session "
+                  "| of which rxe's rings | of which anonymous |",
+                  "|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| {fmt(hold.get('established'), 0)} | {fmt(hold.get('delivered'), 0)} "
+                  f"| {fmt(hold.get('setup_ms'), 0)} | "
+                  f"{fmt(hold.get('server_rss_per_session_kib'))} | {fmt(hold.get('client_rss_per_session_kib'))} "
+                  f"| {fmt(hold.get('client_rdma_queues_per_session_kib'))} "
+                  f"| {fmt(hold.get('client_anonymous_per_session_kib'))} |", ""]
 
     lines += ["### Process start (`--help`), ms", "", "| binary | ms |", "|---|---:|"]
     for name, label in [("secure-client-dev", "secure-client, dev build with debug info"),
@@ -241,6 +245,9 @@ def main() -> int:
                           added / cipher <= 1.25, ratio(added, cipher)))
     if hold:
         goals.append((f"{n} sessions established", hold.get("established") == n, fmt(hold.get("established"), 0)))
+        if "delivered" in hold:
+            goals.append((f"{n} held sessions deliver their message", hold.get("delivered") == n,
+                          fmt(hold.get("delivered"), 0)))
     lines += ["### Goals", "", "| goal | reached | measured |", "|---|---|---:|"]
     for g, ok, m in goals:
         lines.append(f"| {g} | {'yes' if ok else '**no**'} | {m} |")

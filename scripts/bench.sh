@@ -323,8 +323,14 @@ if [ "$HOLD" -gt 0 ]; then
     wait $HC
     j=$(cat "$WORK/hold.json")
     row 1 secure-rdma hold "$HOLD" protected established "$(jq .established <<<"$j")" sessions
+    row 1 secure-rdma hold "$HOLD" protected delivered "$(jq .delivered <<<"$j")" sessions
     row 1 secure-rdma hold "$HOLD" protected setup_ms "$(jq .setup_ms <<<"$j")" ms
     row 1 secure-rdma hold "$HOLD" protected client_rss_per_session_kib "$(jq .rss_per_session_kib <<<"$j")" KiB
+    # What the client's share is made of: rxe's rings mapped from the device, anonymous memory.
+    for kind in rdma_queues anonymous; do
+        row 1 secure-rdma hold "$HOLD" protected "client_${kind}_per_session_kib" \
+            "$(jq ".per_session_kib_by_kind.${kind} // 0" <<<"$j")" KiB
+    done
     est=$(jq .established <<<"$j")
     [ "$est" -gt 0 ] && row 1 secure-rdma hold "$HOLD" protected server_rss_per_session_kib \
         "$(( (peak - idle) / est ))" KiB

@@ -247,7 +247,9 @@ for line in sys.stdin:
     # target/debug is read through the VM's cached root mount (VM_CACHED): on the uncached
     # read-write share each start of a 100 MB debug binary cost about 0.8 s more under TCG,
     # and the suite starts hundreds of them.
-    VM_CACHED=$ROOT/target/debug VM_TIMEOUT=${VM_TIMEOUT:-3600} bash scripts/softroce-vm.sh "$cmd" 2>&1 | tee "$LOGDIR/vm.log" || vm_rc=${PIPESTATUS[0]}
+    # 4 GiB: bench_lab holds 5,000 sessions at once, both ends in this VM (about 150 KiB per
+    # session on each end, and rxe's queues in the kernel).
+    VM_CACHED=$ROOT/target/debug VM_TIMEOUT=${VM_TIMEOUT:-3600} VM_MEM=${VM_MEM:-4G} bash scripts/softroce-vm.sh "$cmd" 2>&1 | tee "$LOGDIR/vm.log" || vm_rc=${PIPESTATUS[0]}
     read -r VM_PASS VM_FAIL _ < <(count "$LOGDIR/vm.log")
     if [ "$vm_rc" != 0 ] && [ "$VM_FAIL" = 0 ]; then
         echo "test.sh: the VM suite could not run (softroce-vm.sh exit $vm_rc)" >&2

@@ -81,7 +81,7 @@ impl Session {
                 // later one gets what this collector speaks.
                 if protocol.is_some_and(|n| n >= 3) {
                     self.holds = true;
-                    Reply::OkWith(format!("protocol={}", rdma_quota::wire::VERSION))
+                    Reply::hello(rdma_quota::wire::VERSION)
                 } else {
                     Reply::Ok
                 }
@@ -122,15 +122,12 @@ impl Session {
                 match result {
                     Ok(admission) => {
                         let reply = if admission.resource().is_some() {
+                            // Version 3: say now what the next call would
+                            // hear, so that it need not be asked.
+                            let held = admission.held().filter(|_| self.holds);
                             let ticket = self.next_ticket;
                             self.next_ticket += 1;
                             self.tickets.insert(ticket, admission);
-                            // Version 3: say now what the next call would
-                            // hear, so that it need not be asked.
-                            let held = self
-                                .holds
-                                .then(|| self.quota.held_after(verb, now))
-                                .flatten();
                             match held {
                                 Some(held) => Reply::Held { ticket, held },
                                 None => Reply::Ticket(ticket),

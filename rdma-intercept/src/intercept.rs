@@ -487,13 +487,10 @@ impl Interceptor {
                 comm: own_comm(),
                 protocol: Some(rdma_quota::wire::VERSION),
             };
-            self.holds = match conn.request(&hello)? {
-                Reply::OkWith(payload) => payload
-                    .strip_prefix("protocol=")
-                    .and_then(|n| n.parse::<u32>().ok())
-                    .is_some_and(|n| n >= 3),
-                _ => false,
-            };
+            self.holds = conn
+                .request(&hello)?
+                .hello_version()
+                .is_some_and(|n| n >= 3);
             self.generation += 1;
             self.conn = Some(conn);
         }

@@ -244,25 +244,22 @@ impl TenantQuota {
         let Refusal::Rate { key, scope, .. } = refusal else {
             return None;
         };
-        let verb = key.verb()?;
-        let config = &self.shared.config;
-        let state = self.shared.lock();
-        let (limits, usage) = match scope {
-            Scope::Global => (&config.global, &state.global),
-            Scope::Tenant(name) => (config.tenant(name)?, &state.tenants.get(name)?.usage),
+        let tenant = match scope {
+            Scope::Global => None,
+            Scope::Tenant(name) => Some(name.as_str()),
         };
-        usage.windows[verb_index(verb)].next_free(now, limits.rate(verb)?)
+        self.shared
+            .lock()
+            .rate_wait(&self.shared.config, tenant, key.verb()?, now)
     }
 
     /// How long after `now` every call of `verb` would be refused by a rate
     /// limit, or `None` if one would be admitted now: the longest wait among
     /// the tenant's and the global limit that are full.
     ///
-    /// Asked right after an admission, this tells the caller how long the
-    /// limit that admitted it stays shut (protocol version 3's `next_ms`), so
-    /// that the next call need not be asked about only to be refused. The
-    /// windows only fill further until then (refusals are not recorded), so
-    /// no call in that span could be admitted.
+    /// [`Admission::held`] gives the same, taken with the admission itself.
+    /// The windows only fill further until then (refusals are not recorded),
+    /// so no call in that span could be admitted.
     ///
     /// ```
     /// use std::time::{Duration, Instant};
@@ -271,29 +268,19 @@ impl TenantQuota {
     /// let quotas = Quotas::new(QuotaConfig::parse("CQ_CREATE 2\n", "quota.conf")?);
     /// let t = quotas.register(TenantInfo { identity: "a".into(), pid: 1, cgroup_id: 1 });
     /// let t0 = Instant::now();
-    /// let _one = t.admit_at(Verb::CqCreate, t0)?;
-    /// assert_eq!(t.held_after(Verb::CqCreate, t0), None);
+    /// let one = t.admit_at(Verb::CqCreate, t0)?;
+    /// assert_eq!(one.held(), None);
     /// let at = t0 + Duration::from_millis(100);
-    /// let _two = t.admit_at(Verb::CqCreate, at)?;
+    /// let two = t.admit_at(Verb::CqCreate, at)?;
+    /// assert_eq!(two.held(), Some(Duration::from_millis(900)));
     /// assert_eq!(t.held_after(Verb::CqCreate, at), Some(Duration::from_millis(900)));
     /// assert_eq!(t.held_after(Verb::QpCreate, at), None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn held_after(&self, verb: Verb, now: Instant) -> Option<Duration> {
-        let config = &self.shared.config;
-        let state = self.shared.lock();
-        let v = verb_index(verb);
-        let own = config
-            .tenant(&self.identity)
-            .zip(state.tenants.get(&*self.identity))
-            .and_then(|(limits, tenant)| {
-                tenant.usage.windows[v].next_free(now, limits.rate(verb)?)
-            });
-        let global = config
-            .global
-            .rate(verb)
-            .and_then(|limit| state.global.windows[v].next_free(now, limit));
-        own.max(global).filter(|wait| !wait.is_zero())
+        self.shared
+            .lock()
+            .held(&self.shared.config, &self.identity, verb, now)
     }
 
     fn admit_inner(&self, verb: Verb, bytes: u64, now: Instant) -> Result<Admission, Refusal> {
@@ -327,13 +314,15 @@ impl TenantQuota {
         }
         tenant.usage.record(own, verb, bytes, now);
         state.global.record(&config.global, verb, bytes, now);
+        // Under the same lock: what the next call would hear, with no second look.
+        let held = state.held(config, &self.identity, verb, now);
         let ticket = verb.creates().map(|resource| Ticket {
             shared: Arc::clone(&self.shared),
             identity: Arc::clone(&self.identity),
             resource,
             bytes,
         });
-        Ok(Admission { verb, ticket })
+        Ok(Admission { verb, ticket, held })
     }
 }
 
@@ -379,6 +368,7 @@ impl fmt::Debug for TenantQuota {
 pub struct Admission {
     verb: Verb,
     ticket: Option<Ticket>,
+    held: Option<Duration>,
 }
 
 impl Admission {
@@ -395,6 +385,15 @@ impl Admission {
     /// The memory-region bytes this admission keeps counted.
     pub fn bytes(&self) -> u64 {
         self.ticket.as_ref().map_or(0, |t| t.bytes)
+    }
+
+    /// How long a rate limit stays full after this admission (the longest of
+    /// the tenant's and the global one), or `None` if the next call of the
+    /// same verb would be admitted: what protocol version 3 tells an
+    /// interceptor as `next_ms`, so that the next call need not be asked
+    /// about only to be refused. See [`TenantQuota::held_after`].
+    pub fn held(&self) -> Option<Duration> {
+        self.held
     }
 }
 
@@ -427,6 +426,37 @@ impl fmt::Debug for Ticket {
 }
 
 impl State {
+    /// How long after `now` the rate limit of `verb` in one scope (`tenant`,
+    /// or the global one for `None`) admits a call again; `None` without such
+    /// a limit or usage.
+    fn rate_wait(
+        &self,
+        config: &QuotaConfig,
+        tenant: Option<&str>,
+        verb: Verb,
+        now: Instant,
+    ) -> Option<Duration> {
+        let (limits, usage) = match tenant {
+            None => (&config.global, &self.global),
+            Some(name) => (config.tenant(name)?, &self.tenants.get(name)?.usage),
+        };
+        usage.windows[verb_index(verb)].next_free(now, limits.rate(verb)?)
+    }
+
+    /// The longer wait of the tenant's and the global rate limit of `verb`,
+    /// when one is full.
+    fn held(
+        &self,
+        config: &QuotaConfig,
+        identity: &str,
+        verb: Verb,
+        now: Instant,
+    ) -> Option<Duration> {
+        let own = self.rate_wait(config, Some(identity), verb, now);
+        let global = self.rate_wait(config, None, verb, now);
+        own.max(global).filter(|wait| !wait.is_zero())
+    }
+
     /// Forgets a tenant that has neither sessions nor live resources, so that
     /// memory follows the tenants present, not all that ever connected.
     fn prune(&mut self, identity: &str) {

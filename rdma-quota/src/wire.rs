@@ -102,6 +102,9 @@ pub const VERSION: u32 = 3;
 /// (version 3).
 pub const PROTOCOL_TAG: &str = "; protocol=";
 
+/// What precedes the version in a version 3 collector's answer to `HELLO`.
+const HELLO_VERSION_TAG: &str = "protocol=";
+
 /// What precedes the milliseconds of an admission's hold (version 3): how
 /// long the rate limit that admitted it refuses every further call.
 pub const NEXT_TAG: &str = "; next_ms=";
@@ -456,6 +459,38 @@ impl Reply {
         }
     }
 
+    /// A version 3 (or later) collector's answer to a `HELLO` that names a
+    /// version: `OK protocol=<VERSION>`.
+    ///
+    /// ```
+    /// use rdma_quota::wire::{Reply, VERSION};
+    ///
+    /// let line = Reply::hello(VERSION).to_line();
+    /// assert_eq!(line, "OK protocol=3\n");
+    /// assert_eq!(Reply::parse(&line)?.hello_version(), Some(3));
+    /// // A version 2 collector answers every HELLO with a plain OK.
+    /// assert_eq!(Reply::parse("OK\n")?.hello_version(), Some(2));
+    /// assert_eq!(Reply::parse("ERR unknown request\n")?.hello_version(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hello(version: u32) -> Reply {
+        Reply::OkWith(format!("{HELLO_VERSION_TAG}{version}"))
+    }
+
+    /// The version a collector speaks, read from its answer to `HELLO`:
+    /// the `N` of `OK protocol=N`, 2 for a plain `OK` (the HELLO predates
+    /// versions), `None` for any other reply.
+    pub fn hello_version(&self) -> Option<u32> {
+        match self {
+            Reply::Ok => Some(2),
+            Reply::OkWith(payload) => payload
+                .strip_prefix(HELLO_VERSION_TAG)
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|n| n.parse().ok()),
+            _ => None,
+        }
+    }
+
     /// The reply as one protocol line: control characters become spaces and
     /// the line is cut to [`MAX_LINE`], so a message can never break framing.
     pub fn to_line(&self) -> String {
@@ -785,6 +820,28 @@ mod tests {
                 "{payload:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_hello_answer_names_a_version_or_none() {
+        assert_eq!(Reply::hello(VERSION).hello_version(), Some(VERSION));
+        assert_eq!(Reply::hello(7).to_line(), "OK protocol=7\n");
+        // Anything but digits after the tag is no version: the interceptor speaks version 2.
+        for payload in [
+            "protocol=",
+            "protocol=+3",
+            "protocol=3a",
+            "protocol=99999999999",
+            "3",
+        ] {
+            assert_eq!(
+                Reply::parse(&format!("OK {payload}")).map(|r| r.hello_version()),
+                Ok(None),
+                "{payload:?}"
+            );
+        }
+        assert_eq!(Reply::Ticket(3).hello_version(), None);
+        assert_eq!(Reply::Deny("no".into()).hello_version(), None);
     }
 
     #[test]

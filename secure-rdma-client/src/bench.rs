@@ -22,7 +22,7 @@ use clap::{Args, Subcommand};
 use futures_util::stream::{self, StreamExt};
 use rdma_cli::choices::PollMode;
 use secure_rdma::client::{Client, Connector, LaneOpened, Phases};
-use secure_rdma::datapath::{Ack, Op};
+use secure_rdma::datapath::{Ack, AckStatus, Op};
 use secure_rdma::protect::{Cipher, Opener, Sealer, KEY_LEN, OVERHEAD};
 use secure_rdma::verbs::Poll;
 
@@ -88,8 +88,9 @@ pub enum Bench {
     Send(DataArgs),
     /// RDMA WRITE WITH IMMEDIATE ping-pongs and a stream of them over one session
     Write(DataArgs),
-    /// Open N sessions, hold them all at once, report how many were established, the time it
-    /// took and this process's memory
+    /// Open N sessions, hold them all at once, then SEND one 64-byte message on each: report
+    /// how many were established and delivered their message, the time it took and this
+    /// process's memory
     Hold {
         /// Sessions to hold
         #[arg(
@@ -361,6 +362,15 @@ pub struct HoldReport {
     pub rss_before_kib: u64,
     /// (rss_kib - rss_before_kib) / established.
     pub rss_per_session_kib: f64,
+    /// What this process's memory with all sessions held is made of, KiB per held session:
+    /// `rdma_queues` (rxe's CQ and QP rings, mapped from the uverbs device), `anonymous` (the
+    /// heap: registered slots, TLS and session state), `other` (the binary, libraries, stacks).
+    pub per_session_kib_by_kind: std::collections::BTreeMap<&'static str, f64>,
+    /// Held sessions whose one message at the end the server acknowledged as delivered: each
+    /// was in RTS and confirmed all along, not just opened.
+    pub delivered: usize,
+    /// The first held session that did not deliver, and why.
+    pub first_undelivered: Option<String>,
 }
 
 /// This process's resident set size (`VmRSS` in /proc/self/status), 0 if unknown.
@@ -373,6 +383,39 @@ pub fn rss_kib() -> u64 {
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// This process's resident memory by kind of mapping (`/proc/self/smaps`), KiB: rxe's queues
+/// mapped from the uverbs device, anonymous memory, and the rest. Empty if unreadable.
+pub fn rss_by_kind() -> std::collections::BTreeMap<&'static str, u64> {
+    let mut by_kind = std::collections::BTreeMap::new();
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return by_kind;
+    };
+    let mut kind = "other";
+    for line in smaps.lines() {
+        if let Some(kib) = line.strip_prefix("Rss:") {
+            let kib: u64 = kib
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            *by_kind.entry(kind).or_insert(0) += kib;
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            // A mapping's header: "start-end perms offset dev inode [path]".
+            let path = line.split_whitespace().nth(5).unwrap_or("");
+            kind = match path {
+                p if p.starts_with("/dev/infiniband/") => "rdma_queues",
+                "" | "[heap]" => "anonymous",
+                _ => "other",
+            };
+        }
+    }
+    by_kind
 }
 
 /// Raises the soft open-file limit to the hard one: every session holds a TCP socket and two
@@ -676,11 +719,29 @@ async fn hold(
         }
     }
     let rss = rss_kib();
-    tokio::time::sleep(Duration::from_secs(secs)).await;
     let established = clients.len();
-    stream::iter(clients)
-        .for_each_concurrent(concurrency.max(1), |c| c.quit())
+    let per_session_kib_by_kind = rss_by_kind()
+        .into_iter()
+        .map(|(kind, kib)| (kind, round(kib as f64 / established.max(1) as f64)))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    // One message per held session, after the hold: a session that died while idle (its QP
+    // in error, its TLS connection closed) shows here, not as a success.
+    let outcomes: Vec<Result<(), String>> = stream::iter(clients.into_iter().enumerate())
+        .map(|(i, mut c)| async move {
+            let sent = c.send(&[b'h'; 64]).await;
+            c.quit().await;
+            match sent {
+                Ok(ack) if ack.status == AckStatus::Delivered && ack.bytes == 64 => Ok(()),
+                Ok(ack) => Err(format!("held session {i}: acknowledged as {ack:?}")),
+                Err(e) => Err(format!("held session {i}: {}", Shown(&e))),
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
         .await;
+    let delivered = outcomes.iter().filter(|o| o.is_ok()).count();
+    let first_undelivered = outcomes.into_iter().find_map(Result::err);
     Ok(HoldReport {
         requested: n,
         established,
@@ -694,6 +755,9 @@ async fn hold(
         } else {
             round(rss.saturating_sub(rss_before) as f64 / established as f64)
         },
+        per_session_kib_by_kind,
+        delivered,
+        first_undelivered,
     })
 }
 

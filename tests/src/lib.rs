@@ -161,14 +161,74 @@ pub fn spawn(cmd: &mut Command) -> Child {
         .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"))
 }
 
-/// Starts rdma-monitor with `args` (stdin closed), its stdout and stderr read line by line as
-/// they come: the monitor writes a report every interval, and the tests wait on those lines.
-/// Killed when the returned guard drops, unless a test takes the child out to stop it itself.
-pub fn rdma_monitor(args: &[&str]) -> (Killed, secure::Lines, secure::Lines) {
+/// A kernel setting changed for one test and put back when the guard drops (also when the
+/// test fails). The lab VM runs its tests one at a time, so nothing else sees the change.
+pub struct Sysctl {
+    path: PathBuf,
+    was: String,
+}
+
+impl Sysctl {
+    /// Writes `value` to `/proc/sys/<key>` (`key` as in `sysctl`, dots for slashes).
+    pub fn set(key: &str, value: &str) -> Sysctl {
+        let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
+        let was = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        std::fs::write(&path, value).unwrap_or_else(|e| panic!("sysctl {key}={value}: {e}"));
+        Sysctl {
+            path,
+            was: was.trim_end().to_owned(),
+        }
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(&self.path, &self.was) {
+            eprintln!("restoring {} to {:?}: {e}", self.path.display(), self.was);
+        }
+    }
+}
+
+/// A running rdma-monitor, its stdout and stderr read line by line as they come: the monitor
+/// writes a report every interval, and the tests wait on those lines. Killed when dropped;
+/// [`Monitor::stop`] ends it the way an operator does (SIGINT) and checks that it exited well.
+pub struct Monitor {
+    child: Killed,
+    /// Its reports.
+    pub out: secure::Lines,
+    /// Its notices and errors.
+    pub err: secure::Lines,
+}
+
+impl Monitor {
+    /// SIGINT, then waits (up to `deadline`) for its exit; fails the test, with the monitor's
+    /// stderr, unless it exited with success.
+    pub fn stop(mut self, deadline: Duration) {
+        let child = self
+            .child
+            .0
+            .take()
+            .expect("the monitor is running until stopped");
+        let status = interrupt_and_wait(child, deadline, "rdma-monitor").status;
+        assert!(
+            status.success(),
+            "rdma-monitor exited with {status}: {}",
+            self.err.snapshot().join("\n")
+        );
+    }
+}
+
+/// Starts rdma-monitor with `args` (stdin closed).
+pub fn rdma_monitor(args: &[&str]) -> Monitor {
     let mut child = spawn(Command::new(secure::bin("rdma-monitor")).args(args));
     let out = secure::Lines::collect(child.stdout.take().expect("piped stdout"));
     let err = secure::Lines::collect(child.stderr.take().expect("piped stderr"));
-    (Killed(Some(child)), out, err)
+    Monitor {
+        child: Killed(Some(child)),
+        out,
+        err,
+    }
 }
 
 /// Resource lines of `rdma resource show <kind>` that belong to process

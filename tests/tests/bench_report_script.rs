@@ -198,3 +198,38 @@ fn connections_per_second_are_set_against_cmtimes() {
         assert!(t.contains(line), "{line} missing from:\n{t}");
     }
 }
+
+#[test]
+fn a_hold_reports_delivery_and_what_its_memory_is_made_of() {
+    let hold = |delivered: u32| {
+        rows(800.0)
+            + &format!(
+                "1,secure-rdma,hold,5000,protected,established,5000,sessions\n\
+                 1,secure-rdma,hold,5000,protected,delivered,{delivered},sessions\n\
+                 1,secure-rdma,hold,5000,protected,setup_ms,139383,ms\n\
+                 1,secure-rdma,hold,5000,protected,client_rss_per_session_kib,158.1,KiB\n\
+                 1,secure-rdma,hold,5000,protected,client_rdma_queues_per_session_kib,44,KiB\n\
+                 1,secure-rdma,hold,5000,protected,client_anonymous_per_session_kib,113.6,KiB\n\
+                 1,secure-rdma,hold,5000,protected,server_rss_per_session_kib,179,KiB\n"
+            )
+    };
+    let t = table(&hold(5000));
+    assert!(
+        t.contains("| 5,000 | 5,000 | 139,383 | 179.0 | 158.1 | 44.0 | 113.6 |"),
+        "{t}"
+    );
+    assert!(
+        t.contains("| 5000 held sessions deliver their message | yes | 5,000 |"),
+        "{t}"
+    );
+    // One session that did not deliver is a miss, even with all 5,000 established.
+    let t = table(&hold(4999));
+    assert!(
+        t.contains("| 5000 sessions established | yes | 5,000 |"),
+        "{t}"
+    );
+    assert!(
+        t.contains("| 5000 held sessions deliver their message | **no** | 4,999 |"),
+        "{t}"
+    );
+}

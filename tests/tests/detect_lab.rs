@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use secure_rdma_tests::secure::{client, sample, scrape as scrape_at, Lines, Pki, ServerProc};
 use secure_rdma_tests::{
-    interrupt_and_wait, rdma_monitor, require_lab, spawn, text, wait_listening, wait_until,
-    wait_with_deadline, Killed, TestCgroup, ADDR_A,
+    rdma_monitor, require_lab, spawn, text, wait_listening, wait_until, wait_with_deadline, Killed,
+    TestCgroup, ADDR_A,
 };
 use serde_json::Value;
 
@@ -118,7 +118,7 @@ fn a_flooding_cgroup_process_and_user_are_flagged_within_a_second_of_the_window_
         TestCgroup::new("detect-flood"),
         TestCgroup::new("detect-quiet"),
     );
-    let (monitor, out, err) = rdma_monitor(&[
+    let monitor = rdma_monitor(&[
         "--json",
         "--interval",
         "1",
@@ -131,6 +131,7 @@ fn a_flooding_cgroup_process_and_user_are_flagged_within_a_second_of_the_window_
         "--metrics",
         METRICS_ADDR,
     ]);
+    let out = monitor.out.clone();
     // Attached once the first report is out.
     out.wait_for("first report", 1, Duration::from_secs(60), |l| {
         l.starts_with("{\"") && l.contains("\"live\"")
@@ -262,14 +263,7 @@ fn a_flooding_cgroup_process_and_user_are_flagged_within_a_second_of_the_window_
     assert!(s.status.success(), "{}", text(&s.stderr));
 
     // SIGINT, then the final report: nothing flagged any more.
-    let mut monitor = monitor;
-    let child = monitor.0.take().expect("monitor");
-    let status = interrupt_and_wait(child, DEADLINE, "rdma-monitor").status;
-    assert!(
-        status.success(),
-        "rdma-monitor: {}",
-        err.snapshot().join("\n")
-    );
+    monitor.stop(DEADLINE);
     out.wait_for("final report", 1, Duration::from_secs(10), |l| {
         l.contains("\"final\":true")
     });
@@ -502,18 +496,35 @@ fn secure_server_warns_once_when_its_setup_slows_beside_a_flood_and_once_when_it
     assert_eq!(metric(METRICS, "secure_rdma_setup_slow"), Some(1.0));
     drop(floods);
 
-    let after = bench_connect(&pki, &server, N);
-    assert_eq!(said(&recovered), 1, "no recovery reported after the floods");
-    println!(
-        "setup watch: median setup per connection alone {calm:.1} ms, beside four floods \
-         {flooded:.1} ms ({:.2}x), after them {after:.1} ms; the server said {:?}",
-        flooded / calm,
+    // The floods' processes are killed and reaped, their RDMA objects freed with them. The
+    // watch clears below 1.25x its baseline, the calmest median of 10 it ever saw: under TCG
+    // one batch of 20 right after the floods was once still above it (one CI run of two).
+    // Up to 4 batches, and the server's own numbers if it never clears.
+    let mut after = Vec::new();
+    while after.len() < 4 && said(&recovered) == 0 {
+        after.push(bench_connect(&pki, &server, N));
+    }
+    let watch_lines = || {
         server
             .log
             .snapshot()
-            .iter()
+            .into_iter()
             .filter(|l| slowed(l) || recovered(l))
             .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        said(&recovered),
+        1,
+        "no recovery reported within {} sessions after the floods (median per connection \
+         {calm:.1} ms alone, {flooded:.1} ms flooded, then {after:.1?} ms); the server said {:?}",
+        after.len() * N,
+        watch_lines()
+    );
+    println!(
+        "setup watch: median setup per connection alone {calm:.1} ms, beside four floods \
+         {flooded:.1} ms ({:.2}x), after them {after:.1?} ms; the server said {:?}",
+        flooded / calm,
+        watch_lines()
     );
     assert_eq!(said(&slowed), 1, "one warning per slowdown");
     assert_eq!(said(&recovered), 1);

@@ -13,7 +13,7 @@ use secure_rdma_tests::inject::{
     FORGED_SRC_PORT,
 };
 use secure_rdma_tests::secure::{Pki, ServerProc};
-use secure_rdma_tests::{interrupt_and_wait, rdma_monitor, require_lab};
+use secure_rdma_tests::{rdma_monitor, require_lab};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -37,7 +37,8 @@ fn forged_packets_with_wrong_psns_show_in_rdma_monitor_port_counters() {
     let mut pair = LivePair::connect();
     pair.exchange(2).expect("the pair works before the attack");
 
-    let (mut monitor, stdout, stderr) = rdma_monitor(&["--no-ebpf", "--json", "--interval", "0.5"]);
+    let monitor = rdma_monitor(&["--no-ebpf", "--json", "--interval", "0.5"]);
+    let stdout = monitor.out.clone();
     stdout.wait_for("first report", 1, DEADLINE, |l| l.starts_with('{'));
     let pki = Pki::new();
     let server = ServerProc::start(&pki, 4540, &["--telemetry", "--telemetry-interval", "1"]);
@@ -106,16 +107,7 @@ fn forged_packets_with_wrong_psns_show_in_rdma_monitor_port_counters() {
     // The real client's next message is in order: the QP still works.
     pair.exchange(1).expect("the pair works after the attack");
 
-    let out = interrupt_and_wait(
-        monitor.0.take().expect("monitor running"),
-        DEADLINE,
-        "rdma-monitor",
-    );
-    assert!(
-        out.status.success(),
-        "rdma-monitor: {}",
-        stderr.snapshot().join("\n")
-    );
+    monitor.stop(DEADLINE);
     stdout.wait_for("final report", 1, Duration::from_secs(10), |l| {
         l.contains("\"final\":true")
     });

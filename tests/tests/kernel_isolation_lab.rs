@@ -22,9 +22,7 @@ use std::time::{Duration, Instant};
 use rdma_quota::rdma_cgroup::{self, DeviceLimit};
 use secure_rdma_tests::collector::{preload, Collector};
 use secure_rdma_tests::secure::{client, Lines, Pki, ServerProc};
-use secure_rdma_tests::{
-    interrupt_and_wait, rdma_monitor, require_lab, spawn, text, wait_with_deadline, TestCgroup,
-};
+use secure_rdma_tests::{rdma_monitor, require_lab, spawn, text, wait_with_deadline, TestCgroup};
 use serde_json::Value;
 
 const CHURN: &str = env!("CARGO_BIN_EXE_verbs-churn");
@@ -302,7 +300,7 @@ fn a_kernel_rate_limit_holds_a_bypassing_flood_to_its_rate_and_only_in_its_cgrou
         "the unlimited flood must run well above the limit to show anything: {free_rate:.0}/s"
     );
 
-    let (mut monitor, out, err) = rdma_monitor(&[
+    let monitor = rdma_monitor(&[
         "--interval",
         "1",
         "--kernel-limit",
@@ -310,6 +308,7 @@ fn a_kernel_rate_limit_holds_a_bypassing_flood_to_its_rate_and_only_in_its_cgrou
         "--kernel-limit",
         &format!("{}:MR_REG={MR_RATE}", limited.path()),
     ]);
+    let (out, err) = (monitor.out.clone(), monitor.err.clone());
     // Both limits are set once both are said (the probes attach first, slowly under TCG).
     err.wait_for("kernel limits set", 2, Duration::from_secs(120), |l| {
         l.starts_with("rdma-monitor: kernel limit:")
@@ -362,13 +361,7 @@ fn a_kernel_rate_limit_holds_a_bypassing_flood_to_its_rate_and_only_in_its_cgrou
         is_qp_line,
     );
 
-    let child = monitor.0.take().expect("monitor");
-    let status = interrupt_and_wait(child, DEADLINE, "rdma-monitor").status;
-    assert!(
-        status.success(),
-        "rdma-monitor: {}",
-        err.snapshot().join("\n")
-    );
+    monitor.stop(DEADLINE);
     let lines = out.snapshot();
     // Every call of the limited floods is in the kernel's counts, exactly once.
     let (admitted, refused) = kernel_counts(&lines, "QP_CREATE");

@@ -87,7 +87,8 @@ struct Burst {
 /// --warm-pool POOL`), both watched by rdma-monitor's per-call events.
 fn burst(port: u16, metrics_port: u16, warm: bool) -> Burst {
     require_lab();
-    let (_monitor, events, monitor_err) = rdma_monitor(&["--json", "--events", "--interval", "1"]);
+    let monitor = rdma_monitor(&["--json", "--events", "--interval", "1"]);
+    let (events, monitor_err) = (&monitor.out, &monitor.err);
     // Attached once the first report is out.
     events.wait_for("rdma-monitor's first report", 1, STEP, |l| {
         l.starts_with("{\"") && l.contains("\"live\"")
