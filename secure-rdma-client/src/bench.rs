@@ -14,6 +14,7 @@
 //! at most the server's window, 16), each in its own send slot here and its own receive or
 //! write slot at the server; the server's acknowledgements are the credits.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -362,14 +363,16 @@ pub struct HoldReport {
     pub rss_before_kib: u64,
     /// (rss_kib - rss_before_kib) / established.
     pub rss_per_session_kib: f64,
-    /// What this process's memory with all sessions held is made of, KiB per held session:
-    /// `rdma_queues` (rxe's CQ and QP rings, mapped from the uverbs device), `anonymous` (the
-    /// heap: registered slots, TLS and session state), `other` (the binary, libraries, stacks).
-    pub per_session_kib_by_kind: std::collections::BTreeMap<&'static str, f64>,
+    /// What this process's memory growth with all sessions held is made of, KiB per held
+    /// session (each kind's growth since before the first connection, so the kinds add up to
+    /// `rss_per_session_kib`): `rdma_queues` (rxe's CQ and QP rings, mapped from the uverbs
+    /// device), `anonymous` (the heap: registered slots, TLS and session state), `other` (the
+    /// binary, libraries, stacks).
+    pub per_session_kib_by_kind: BTreeMap<&'static str, f64>,
     /// Held sessions whose one message at the end the server acknowledged as delivered: each
     /// was in RTS and confirmed all along, not just opened.
     pub delivered: usize,
-    /// The first held session that did not deliver, and why.
+    /// The lowest-numbered held session that did not deliver, and why.
     pub first_undelivered: Option<String>,
 }
 
@@ -387,8 +390,8 @@ pub fn rss_kib() -> u64 {
 
 /// This process's resident memory by kind of mapping (`/proc/self/smaps`), KiB: rxe's queues
 /// mapped from the uverbs device, anonymous memory, and the rest. Empty if unreadable.
-pub fn rss_by_kind() -> std::collections::BTreeMap<&'static str, u64> {
-    let mut by_kind = std::collections::BTreeMap::new();
+pub fn rss_by_kind() -> BTreeMap<&'static str, u64> {
+    let mut by_kind = BTreeMap::new();
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return by_kind;
     };
@@ -694,6 +697,7 @@ async fn hold(
 ) -> Result<HoldReport> {
     raise_fd_limit();
     let rss_before = rss_kib();
+    let kinds_before = rss_by_kind();
     let started = Instant::now();
     let results: Vec<Result<Client, String>> = stream::iter(0..n)
         .map(|i| async move {
@@ -720,28 +724,27 @@ async fn hold(
     }
     let rss = rss_kib();
     let established = clients.len();
-    let per_session_kib_by_kind = rss_by_kind()
-        .into_iter()
-        .map(|(kind, kib)| (kind, round(kib as f64 / established.max(1) as f64)))
-        .collect();
+    let per_session_kib_by_kind = per_session_growth(&kinds_before, &rss_by_kind(), established);
     tokio::time::sleep(Duration::from_secs(secs)).await;
     // One message per held session, after the hold: a session that died while idle (its QP
     // in error, its TLS connection closed) shows here, not as a success.
-    let outcomes: Vec<Result<(), String>> = stream::iter(clients.into_iter().enumerate())
+    // Completed in any order (buffer_unordered): each outcome keeps its session's number.
+    let outcomes: Vec<(usize, Result<(), String>)> = stream::iter(clients.into_iter().enumerate())
         .map(|(i, mut c)| async move {
             let sent = c.send(&[b'h'; 64]).await;
             c.quit().await;
-            match sent {
+            let outcome = match sent {
                 Ok(ack) if ack.status == AckStatus::Delivered && ack.bytes == 64 => Ok(()),
                 Ok(ack) => Err(format!("held session {i}: acknowledged as {ack:?}")),
                 Err(e) => Err(format!("held session {i}: {}", Shown(&e))),
-            }
+            };
+            (i, outcome)
         })
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
-    let delivered = outcomes.iter().filter(|o| o.is_ok()).count();
-    let first_undelivered = outcomes.into_iter().find_map(Result::err);
+    let delivered = outcomes.iter().filter(|(_, o)| o.is_ok()).count();
+    let first_undelivered = lowest_failure(outcomes);
     Ok(HoldReport {
         requested: n,
         established,
@@ -759,6 +762,31 @@ async fn hold(
         delivered,
         first_undelivered,
     })
+}
+
+/// Each kind's growth from `before` to `after`, KiB per session over `sessions` (a kind that
+/// shrank counts 0: the pre-session baseline belongs to no session).
+fn per_session_growth(
+    before: &BTreeMap<&'static str, u64>,
+    after: &BTreeMap<&'static str, u64>,
+    sessions: usize,
+) -> BTreeMap<&'static str, f64> {
+    after
+        .iter()
+        .map(|(&kind, &kib)| {
+            let grown = kib.saturating_sub(before.get(kind).copied().unwrap_or(0));
+            (kind, round(grown as f64 / sessions.max(1) as f64))
+        })
+        .collect()
+}
+
+/// The failure of the lowest-numbered session, whatever order the outcomes completed in.
+fn lowest_failure(outcomes: Vec<(usize, Result<(), String>)>) -> Option<String> {
+    outcomes
+        .into_iter()
+        .filter_map(|(i, o)| o.err().map(|e| (i, e)))
+        .min_by_key(|(i, _)| *i)
+        .map(|(_, e)| e)
 }
 
 /// The text form of a report: one `key value` line per leaf, for people.
@@ -781,4 +809,45 @@ pub fn text(v: &serde_json::Value) -> String {
     let mut out = String::new();
     walk("", v, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_breakdown_counts_growth_not_the_baseline() {
+        let before = BTreeMap::from([("anonymous", 2_000), ("other", 9_000)]);
+        let after = BTreeMap::from([
+            ("anonymous", 12_000),
+            ("other", 8_000),
+            ("rdma_queues", 4_400),
+        ]);
+        let per = per_session_growth(&before, &after, 100);
+        // 10,000 KiB of new heap over 100 sessions; the binary's pages shrank (counted 0);
+        // the rings are all new.
+        assert_eq!(per["anonymous"], 100.0);
+        assert_eq!(per["other"], 0.0);
+        assert_eq!(per["rdma_queues"], 44.0);
+        // No sessions: no division by zero.
+        assert_eq!(
+            per_session_growth(&before, &after, 0)["rdma_queues"],
+            4_400.0
+        );
+    }
+
+    #[test]
+    fn the_first_undelivered_is_the_lowest_numbered_whatever_the_completion_order() {
+        let outcomes = vec![
+            (7, Err("held session 7: closed".to_owned())),
+            (0, Ok(())),
+            (3, Err("held session 3: timed out".to_owned())),
+            (5, Ok(())),
+        ];
+        assert_eq!(
+            lowest_failure(outcomes).as_deref(),
+            Some("held session 3: timed out")
+        );
+        assert_eq!(lowest_failure(vec![(1, Ok(()))]), None);
+    }
 }

@@ -7,6 +7,7 @@
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use secure_rdma_tests::secure::{client, sample, scrape, Pki, ServerProc};
@@ -18,7 +19,11 @@ const DEADLINE: Duration = Duration::from_secs(900);
 
 /// Runs the bench and returns its JSON report; fails on a non-zero exit or other output.
 fn bench(cmd: &mut Command, what: &str) -> Value {
-    let out = wait_with_deadline(spawn(cmd), DEADLINE, what);
+    bench_output(wait_with_deadline(spawn(cmd), DEADLINE, what), what)
+}
+
+/// A bench's finished output as its JSON report: exit 0 and exactly one JSON line on stdout.
+fn bench_output(out: std::process::Output, what: &str) -> Value {
     assert!(
         out.status.success(),
         "{what}: {:?}\nstdout: {}\nstderr: {}",
@@ -195,30 +200,26 @@ fn bench_hold_establishes_every_session_it_asks_for() {
         "2",
         "--json",
     ]);
-    // The server's memory while the sessions are held: its peak while the bench runs.
-    let child = spawn(&mut cmd);
-    let pid = child.id();
-    let peak = std::thread::scope(|s| {
+    // The server's memory while the sessions are held: its peak while the bench runs, sampled
+    // until the bench has exited.
+    let done = AtomicBool::new(false);
+    let (peak, out) = std::thread::scope(|s| {
         let watch = s.spawn(|| {
             let mut peak = rss_idle;
-            while std::path::Path::new(&format!("/proc/{pid}/stat")).exists() && !zombie(pid) {
+            while !done.load(Ordering::Relaxed) {
                 peak = peak.max(server.rss_kib());
                 std::thread::sleep(Duration::from_millis(500));
             }
             peak
         });
-        let out = wait_with_deadline(child, DEADLINE, &what);
+        // Set on drop: also when the wait fails the test, or the scope would wait for the
+        // watch forever.
+        let stop = SetOnDrop(&done);
+        let out = wait_with_deadline(spawn(&mut cmd), DEADLINE, &what);
+        drop(stop);
         (watch.join().expect("rss watch"), out)
     });
-    let (peak, out) = peak;
-    assert!(
-        out.status.success(),
-        "{what}: {:?}\nstderr: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(text(&out.stdout).trim())
-        .unwrap_or_else(|e| panic!("{what}: {e}: {}", text(&out.stdout)));
+    let v = bench_output(out, &what);
     eprintln!(
         "{what}: the client's report {v}; server RSS {rss_idle} KiB idle, {peak} KiB peak \
          ({:.1} KiB per held session)",
@@ -246,10 +247,10 @@ fn bench_hold_establishes_every_session_it_asks_for() {
         .as_object()
         .unwrap_or_else(|| panic!("per_session_kib_by_kind in {v}"));
     let sum: f64 = kinds.values().filter_map(Value::as_f64).sum();
-    let whole = v["rss_kib"].as_f64().unwrap_or(0.0) / n as f64;
+    let whole = v["rss_per_session_kib"].as_f64().unwrap_or(0.0);
     assert!(
         (sum - whole).abs() <= 0.1 * whole,
-        "the kinds add up to {sum:.1} KiB per session, RSS is {whole:.1}: {v}"
+        "the kinds add up to {sum:.1} KiB per session, the growth of RSS is {whole:.1}: {v}"
     );
     assert!(
         kinds
@@ -261,12 +262,13 @@ fn bench_hold_establishes_every_session_it_asks_for() {
     );
 }
 
-/// Whether `pid` has exited but is not yet reaped.
-fn zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-    })
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Soft limit up to the hard one, for this test and the server it starts.

@@ -135,6 +135,9 @@ pub struct Completion {
     /// Immediate value of an incoming RDMA WRITE WITH IMMEDIATE, in host
     /// order.
     pub imm_data: Option<u32>,
+    /// The local queue pair the work request was posted on or arrived at: on a CQ (or a
+    /// shared receive queue) that serves many queue pairs, whose completion this is.
+    pub qp_num: u32,
 }
 
 /// How a wait for a completion waits (`"event"` or `"busy"` in text and
@@ -158,6 +161,9 @@ impl Poll {
         }
     }
 }
+
+/// Completions taken from the device per poll.
+const POLL_BATCH: usize = 16;
 
 /// Polls of an empty CQ in a busy wait before yielding to tokio once.
 const BUSY_SPINS: u32 = 256;
@@ -246,6 +252,12 @@ impl CompletionQueue {
         }))
     }
 
+    /// The CQ for verbs that name it (valid while `self` lives).
+    pub(crate) fn raw(&self) -> *mut rdma_mummy_sys::ibv_cq {
+        // SAFETY: only the pointer is taken; `self.cq` owns the CQ.
+        unsafe { self.cq.cq().as_ptr() }
+    }
+
     /// Chooses how later waits wait (event-driven unless set).
     pub fn set_poll(&self, poll: Poll) {
         self.busy.store(poll == Poll::Busy, Ordering::Relaxed);
@@ -263,26 +275,36 @@ impl CompletionQueue {
     pub fn try_next(&self) -> Result<Option<Completion>, VerbsError> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if pending.is_empty() {
-            // The poller may return a batch: keep every completion, never
-            // drop one on the floor.
-            match self.cq.start_poll() {
-                Ok(poller) => {
-                    for wc in poller {
-                        let opcode = WcOpcode::from_raw(wc.opcode());
-                        pending.push_back(Completion {
-                            wr_id: wc.wr_id(),
-                            status: WcStatus(wc.status()),
-                            opcode,
-                            byte_len: wc.byte_len(),
-                            imm_data: (opcode == WcOpcode::RecvRdmaWithImm)
-                                .then(|| u32::from_be(wc.imm_data())),
-                        });
-                    }
-                }
-                Err(
-                    sideway::ibverbs::completion::PollCompletionQueueError::CompletionQueueEmpty,
-                ) => {}
-                Err(e) => return Err(VerbsError::verb("ibv_poll_cq", &self.device, e)),
+            // A batch per call: keep every completion, never drop one on the floor. Polled
+            // with the plain verb because sideway's completions do not say which queue pair
+            // they belong to, which a CQ shared by many needs.
+            // SAFETY: ibv_wc is plain old data; all-zero is a valid value.
+            let mut wcs: [rdma_mummy_sys::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+            // SAFETY: the CQ is valid while `self.cq` lives; `wcs` has room for POLL_BATCH.
+            let n = unsafe {
+                rdma_mummy_sys::ibv_poll_cq(self.raw(), POLL_BATCH as i32, wcs.as_mut_ptr())
+            };
+            let Ok(n) = usize::try_from(n) else {
+                return Err(VerbsError::verb(
+                    "ibv_poll_cq",
+                    &self.device,
+                    std::io::Error::from_raw_os_error(-n),
+                ));
+            };
+            for wc in &wcs[..n.min(POLL_BATCH)] {
+                let opcode = WcOpcode::from_raw(wc.opcode);
+                pending.push_back(Completion {
+                    wr_id: wc.wr_id,
+                    status: WcStatus(wc.status),
+                    opcode,
+                    byte_len: wc.byte_len,
+                    // SAFETY: both union members are a u32; for this opcode it is the
+                    // immediate, in network order.
+                    imm_data: (opcode == WcOpcode::RecvRdmaWithImm).then(|| {
+                        u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
+                    }),
+                    qp_num: wc.qp_num,
+                });
             }
         }
         Ok(pending.pop_front())
@@ -374,7 +396,7 @@ impl CompletionQueue {
 
     fn arm(&self) -> Result<(), VerbsError> {
         // SAFETY: the CQ pointer is valid while `self.cq` is alive.
-        let rc = unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };
+        let rc = unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.raw(), 0) };
         if rc == 0 {
             Ok(())
         } else {

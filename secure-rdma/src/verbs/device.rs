@@ -364,13 +364,14 @@ impl PathMtu {
         }
     }
 
-    pub(crate) fn to_sideway(self) -> Mtu {
+    pub(crate) fn to_raw(self) -> rdma_mummy_sys::ibv_mtu::Type {
+        use rdma_mummy_sys::ibv_mtu;
         match self {
-            PathMtu::Mtu256 => Mtu::Mtu256,
-            PathMtu::Mtu512 => Mtu::Mtu512,
-            PathMtu::Mtu1024 => Mtu::Mtu1024,
-            PathMtu::Mtu2048 => Mtu::Mtu2048,
-            PathMtu::Mtu4096 => Mtu::Mtu4096,
+            PathMtu::Mtu256 => ibv_mtu::IBV_MTU_256,
+            PathMtu::Mtu512 => ibv_mtu::IBV_MTU_512,
+            PathMtu::Mtu1024 => ibv_mtu::IBV_MTU_1024,
+            PathMtu::Mtu2048 => ibv_mtu::IBV_MTU_2048,
+            PathMtu::Mtu4096 => ibv_mtu::IBV_MTU_4096,
         }
     }
 }

@@ -1,4 +1,7 @@
-//! The verbs layer: plain, explicit libibverbs sequences on top of `sideway`.
+//! The verbs layer: plain, explicit libibverbs sequences, on `sideway` for the device, PDs and
+//! CQs, and on the plain verbs (`rdma-mummy-sys`) where sideway has no way to say what is
+//! needed: queue pairs on a shared receive queue, zero-based memory regions, memory windows,
+//! and completions that name their queue pair.
 //!
 //! One [`Device`] context is opened per process and shared (`Arc`) by every
 //! connection; each connection then owns its [`ProtectionDomain`],
@@ -23,6 +26,7 @@ mod gid;
 mod mr;
 mod mw;
 mod qp;
+mod srq;
 
 pub use cq::{Completion, CompletionQueue, Poll, WcOpcode, WcStatus};
 pub use device::{Availability, Device, PathMtu, ProtectionDomain, SYSFS};
@@ -32,6 +36,7 @@ pub use mw::MemoryWindow;
 pub use qp::{
     Init, QpAttributes, QpCaps, QpState, QueuePair, Reset, Rtr, RtrParams, Rts, RtsParams,
 };
+pub use srq::SharedReceiveQueue;
 
 use std::time::Duration;
 
@@ -104,9 +109,15 @@ pub enum VerbsError {
     /// A GID index too large for the address vector (8 bits).
     #[error("invalid parameter: GID index {0} does not fit in 8 bits")]
     GidIndexTooLarge(u32),
-    /// A memory region posted on a QP of another protection domain.
+    /// A memory region (or shared receive queue) used with a QP of another protection domain.
     #[error("invalid parameter: memory region belongs to another protection domain")]
     ForeignRegion,
+    /// A receive posted on a queue pair that takes its receives from a shared receive queue.
+    #[error(
+        "QP {0} takes its receives from a shared receive queue: post them there \
+         (SharedReceiveQueue::post_recv)"
+    )]
+    ReceiveOnSharedQueue(crate::psn::Qpn),
     /// More bytes than one work request can carry (32 bits).
     #[error("invalid parameter: {0} bytes exceed one work request")]
     WorkRequestTooLarge(usize),
@@ -175,5 +186,29 @@ impl VerbsError {
             device: device.to_owned(),
             source: source.into(),
         }
+    }
+
+    /// A verb's return code (0, or an errno value as the verbs that return one do) as a result.
+    fn check(rc: std::os::raw::c_int, verb: &'static str, device: &str) -> Result<(), Self> {
+        match rc {
+            0 => Ok(()),
+            rc => Err(Self::verb(
+                verb,
+                device,
+                std::io::Error::from_raw_os_error(rc),
+            )),
+        }
+    }
+}
+
+/// Logs a destroy verb that failed in a `Drop`: nothing is left to return the error to, and
+/// rdma-monitor or `rdma resource` show what stayed behind.
+fn warn_if_not_destroyed(rc: std::os::raw::c_int, verb: &'static str) {
+    if rc != 0 {
+        tracing::warn!(
+            error = %std::io::Error::from_raw_os_error(rc),
+            verb,
+            "a verbs object could not be destroyed; it stays until the process exits"
+        );
     }
 }

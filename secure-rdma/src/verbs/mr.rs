@@ -236,6 +236,16 @@ impl MemoryRegion {
         }
     }
 
+    /// The scatter entry of `range`, which the caller has checked: inside the region
+    /// ([`MemoryRegion::check`]) and at most `u32::MAX` bytes.
+    pub(crate) fn sge(&self, range: &Range<usize>) -> rdma_mummy_sys::ibv_sge {
+        rdma_mummy_sys::ibv_sge {
+            addr: self.addr() + range.start as u64,
+            length: range.len() as u32,
+            lkey: self.lkey(),
+        }
+    }
+
     pub(crate) fn check(&self, range: &Range<usize>) -> Result<(), VerbsError> {
         if range.start <= range.end && range.end <= self.len {
             Ok(())

@@ -11,25 +11,22 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::ptr::NonNull;
 use std::sync::Arc;
-
-use sideway::ibverbs::address::AddressHandleAttribute;
-use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard, QueuePair as _, QueuePairAttribute, QueuePairAttributeMask,
-    QueuePairState, QueuePairType, SetScatterGatherEntry, WorkRequestFlags,
-};
-use sideway::ibverbs::AccessFlags;
 
 use super::cq::CompletionQueue;
 use super::device::{PathMtu, ProtectionDomain, PORT};
 use super::gid::{Gid, GidEntry};
 use super::mr::{MemoryRegion, RemoteBuffer};
 use super::mw::MemoryWindow;
+use super::srq::SharedReceiveQueue;
 use super::VerbsError;
 use crate::psn::{Psn, Qpn};
 use rdma_mummy_sys::{
-    bind_mw_t, ibv_access_flags, ibv_mw_bind_info, ibv_post_send, ibv_send_flags, ibv_send_wr,
-    ibv_wr_opcode,
+    bind_mw_t, ibv_access_flags, ibv_create_qp, ibv_destroy_qp, ibv_gid, ibv_modify_qp,
+    ibv_mw_bind_info, ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask,
+    ibv_qp_cap, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_qp, ibv_recv_wr,
+    ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode, rdma_t,
 };
 
 mod sealed {
@@ -187,17 +184,38 @@ pub struct QpAttributes {
     pub dest_qpn: u32,
 }
 
+/// One `ibv_create_qp` queue pair, destroyed on drop.
+///
+/// Made with the plain verbs rather than sideway's builder, which always passes `srq: NULL`:
+/// a queue pair that takes its receives from a [`SharedReceiveQueue`] must name it when it is
+/// created.
+struct RawQp(NonNull<ibv_qp>);
+
+// SAFETY: libibverbs verbs on one QP are thread-safe; `QueuePair` takes `&mut self` to post.
+unsafe impl Send for RawQp {}
+// SAFETY: as above; `&self` methods only query.
+unsafe impl Sync for RawQp {}
+
+impl Drop for RawQp {
+    fn drop(&mut self) {
+        // SAFETY: created in `QueuePair::create_with`, destroyed once, here.
+        super::warn_if_not_destroyed(unsafe { ibv_destroy_qp(self.0.as_ptr()) }, "ibv_destroy_qp");
+    }
+}
+
 /// An RC queue pair in state `S`.
 pub struct QueuePair<S: QpState> {
     // Field order is drop order: deallocate the windows bound on the QP first (rxe holds a
     // reference on the QP for each bound window, and destroying the QP before them waits for
     // it: 50 s on Linux 6.1, see the README's memory windows), then destroy the QP before
-    // releasing the regions it may still reference and the CQs it reports to.
+    // releasing the regions it may still reference, the CQs it reports to and the shared
+    // receive queue it takes its receives from.
     windows: Vec<Arc<MemoryWindow>>,
-    qp: BasicQueuePair,
+    qp: RawQp,
     pinned: Vec<Arc<MemoryRegion>>,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
+    srq: Option<Arc<SharedReceiveQueue>>,
     pd: Arc<ProtectionDomain>,
     sgid: GidEntry,
     qpn: Qpn,
@@ -215,7 +233,7 @@ impl<S: QpState> std::fmt::Debug for QueuePair<S> {
 }
 
 impl QueuePair<Reset> {
-    /// Creates an RC queue pair that sends from GID `sgid`.
+    /// Creates an RC queue pair that sends from GID `sgid`, with its own receive queue.
     pub fn create(
         pd: &Arc<ProtectionDomain>,
         send_cq: &Arc<CompletionQueue>,
@@ -223,25 +241,86 @@ impl QueuePair<Reset> {
         sgid: GidEntry,
         caps: QpCaps,
     ) -> Result<Self, VerbsError> {
-        let qp = pd
-            .pd
-            .create_qp_builder()
-            .setup_qp_type(QueuePairType::ReliableConnection)
-            .setup_max_send_wr(caps.max_send_wr)
-            .setup_max_recv_wr(caps.max_recv_wr)
-            .setup_max_send_sge(1)
-            .setup_max_recv_sge(1)
-            .setup_send_cq(Arc::clone(&send_cq.cq))
-            .setup_recv_cq(Arc::clone(&recv_cq.cq))
-            .build()
-            .map_err(|e| VerbsError::verb("ibv_create_qp", pd.device().name(), e))?;
-        let qpn = Qpn::new(qp.qp_number())?;
+        Self::create_with(pd, send_cq, recv_cq, None, sgid, caps)
+    }
+
+    /// Creates an RC queue pair that takes its receives from `srq`: it has no receive queue of
+    /// its own (`caps.max_recv_wr` is ignored, and [`QueuePair::post_recv`] is refused), and
+    /// every SEND or WRITE WITH IMMEDIATE that arrives on it consumes one of the receives
+    /// posted to `srq`, completing on `recv_cq` with this QP's number
+    /// ([`Completion::qp_num`](super::Completion::qp_num)). `srq` must belong to `pd`.
+    ///
+    /// ```no_run
+    /// # async fn f(pd: std::sync::Arc<secure_rdma::verbs::ProtectionDomain>,
+    /// #            gid: secure_rdma::verbs::GidEntry) -> Result<(), secure_rdma::verbs::VerbsError> {
+    /// use secure_rdma::verbs::{CompletionQueue, QpCaps, QueuePair, SharedReceiveQueue};
+    /// let cq = CompletionQueue::new(pd.device(), 256)?; // one CQ for every QP below
+    /// let srq = SharedReceiveQueue::new(&pd, 128)?; // 128 receives shared by all
+    /// let qps = (0..4)
+    ///     .map(|_| QueuePair::create_on_srq(&pd, &cq, &cq, &srq, gid.clone(), QpCaps::default()))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn create_on_srq(
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        srq: &Arc<SharedReceiveQueue>,
+        sgid: GidEntry,
+        caps: QpCaps,
+    ) -> Result<Self, VerbsError> {
+        if !Arc::ptr_eq(srq.pd(), pd) {
+            return Err(VerbsError::ForeignRegion);
+        }
+        Self::create_with(pd, send_cq, recv_cq, Some(srq), sgid, caps)
+    }
+
+    fn create_with(
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+        sgid: GidEntry,
+        caps: QpCaps,
+    ) -> Result<Self, VerbsError> {
+        let mut init = ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            // The CQs, the PD and the SRQ stay valid while the QP keeps their owners, which it
+            // does for its whole life (field order).
+            send_cq: send_cq.raw(),
+            recv_cq: recv_cq.raw(),
+            srq: srq.map_or(std::ptr::null_mut(), |s| s.raw()),
+            cap: ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                // With a shared receive queue the QP has none of its own.
+                max_recv_wr: if srq.is_some() { 0 } else { caps.max_recv_wr },
+                max_send_sge: 1,
+                max_recv_sge: if srq.is_some() { 0 } else { 1 },
+                max_inline_data: 0,
+            },
+            qp_type: ibv_qp_type::IBV_QPT_RC,
+            // Each work request says whether it is signalled (all of ours are).
+            sq_sig_all: 0,
+        };
+        // SAFETY: `init` is complete; the PD is valid while `pd` lives.
+        let raw = unsafe { ibv_create_qp(pd.pd.pd().as_ptr(), &mut init) };
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(VerbsError::verb(
+                "ibv_create_qp",
+                pd.device().name(),
+                std::io::Error::last_os_error(),
+            ));
+        };
+        let qp = RawQp(raw);
+        // SAFETY: `raw` is the QP just created.
+        let qpn = Qpn::new(unsafe { raw.as_ref() }.qp_num)?;
         Ok(QueuePair {
             windows: Vec::new(),
             qp,
             pinned: Vec::new(),
             send_cq: Arc::clone(send_cq),
             recv_cq: Arc::clone(recv_cq),
+            srq: srq.cloned(),
             pd: Arc::clone(pd),
             sgid,
             qpn,
@@ -252,16 +331,20 @@ impl QueuePair<Reset> {
     /// RESET → INIT. `remote_write` lets the peer RDMA WRITE into regions
     /// registered for it.
     pub fn into_init(mut self, remote_write: bool) -> Result<QueuePair<Init>, VerbsError> {
-        let mut access = AccessFlags::LocalWrite;
+        let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if remote_write {
-            access |= AccessFlags::RemoteWrite;
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         }
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Init)
-            .setup_pkey_index(0)
-            .setup_port(PORT)
-            .setup_access_flags(access);
-        self.modify(&attr, Init::NAME)?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = PORT;
+        attr.qp_access_flags = access;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+            | ibv_qp_attr_mask::IBV_QP_PORT
+            | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        self.modify(&mut attr, mask, Init::NAME)?;
         Ok(self.into_state())
     }
 }
@@ -271,28 +354,29 @@ impl QueuePair<Init> {
     pub fn into_rtr(mut self, p: RtrParams) -> Result<QueuePair<Rtr>, VerbsError> {
         let sgid_index = u8::try_from(self.sgid.index)
             .map_err(|_| VerbsError::GidIndexTooLarge(self.sgid.index))?;
-        let mut av = AddressHandleAttribute::new();
-        av.setup_dest_lid(0)
-            .setup_port(PORT)
-            .setup_service_level(0)
-            .setup_grh(
-                &sideway::ibverbs::address::Gid {
-                    raw: p.remote_gid.0,
-                },
-                0,
-                sgid_index,
-                64,
-                0,
-            );
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(p.path_mtu.to_sideway())
-            .setup_dest_qp_num(p.remote_qpn.get())
-            .setup_rq_psn(p.remote_psn.get())
-            .setup_max_dest_read_atomic(1)
-            .setup_min_rnr_timer(12)
-            .setup_address_vector(&av);
-        self.modify(&attr, Rtr::NAME)?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        attr.path_mtu = p.path_mtu.to_raw();
+        attr.dest_qp_num = p.remote_qpn.get();
+        attr.rq_psn = p.remote_psn.get();
+        attr.max_dest_rd_atomic = 1;
+        attr.min_rnr_timer = 12;
+        // RoCE: no LID, the peer is named by its GID in a global route header.
+        attr.ah_attr.is_global = 1;
+        attr.ah_attr.port_num = PORT;
+        attr.ah_attr.grh.dgid = ibv_gid {
+            raw: p.remote_gid.0,
+        };
+        attr.ah_attr.grh.sgid_index = sgid_index;
+        attr.ah_attr.grh.hop_limit = 64;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_AV
+            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut attr, mask, Rtr::NAME)?;
         Ok(self.into_state())
     }
 }
@@ -300,18 +384,47 @@ impl QueuePair<Init> {
 impl QueuePair<Rtr> {
     /// RTR → RTS with our first send PSN.
     pub fn into_rts(mut self, p: RtsParams) -> Result<QueuePair<Rts>, VerbsError> {
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToSend)
-            .setup_sq_psn(p.local_psn.get())
-            // 4.096 µs * 2^14 ≈ 67 ms per try, 7 tries: a lost peer is noticed
-            // in about half a second instead of never.
-            .setup_timeout(14)
-            .setup_retry_cnt(7)
-            .setup_rnr_retry(7)
-            .setup_max_read_atomic(1);
-        self.modify(&attr, Rts::NAME)?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        attr.sq_psn = p.local_psn.get();
+        // 4.096 µs * 2^14 ≈ 67 ms per try, 7 tries: a lost peer is noticed
+        // in about half a second instead of never.
+        attr.timeout = 14;
+        attr.retry_cnt = 7;
+        attr.rnr_retry = 7;
+        attr.max_rd_atomic = 1;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut attr, mask, Rts::NAME)?;
         Ok(self.into_state())
     }
+}
+
+/// Posts one receive of one scatter entry with `post` (`ibv_post_recv` or `ibv_post_srq_recv`,
+/// which copy the request before returning) and returns its code.
+pub(super) fn one_receive(
+    wr_id: u64,
+    mut sge: ibv_sge,
+    post: impl FnOnce(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> std::os::raw::c_int,
+) -> std::os::raw::c_int {
+    let mut wr = ibv_recv_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: &mut sge,
+        num_sge: 1,
+    };
+    let mut bad = std::ptr::null_mut();
+    post(&mut wr, &mut bad)
+}
+
+/// An all-zero attribute set: every field a plain integer or address, zero where unset.
+fn zeroed_attr() -> ibv_qp_attr {
+    // SAFETY: ibv_qp_attr is plain old data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
 }
 
 impl<S: QpState> QueuePair<S> {
@@ -319,9 +432,9 @@ impl<S: QpState> QueuePair<S> {
     /// posted, each as a completion with a flush error, so its owner can consume them and know
     /// nothing more will land.
     pub fn into_error(mut self) -> Result<QueuePair<Error>, VerbsError> {
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Error);
-        self.modify(&attr, Error::NAME)?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, Error::NAME)?;
         Ok(self.into_state())
     }
 
@@ -345,31 +458,48 @@ impl<S: QpState> QueuePair<S> {
         &self.recv_cq
     }
 
+    /// The shared receive queue this queue pair takes its receives from, if any.
+    pub fn srq(&self) -> Option<&Arc<SharedReceiveQueue>> {
+        self.srq.as_ref()
+    }
+
     /// Reads state, PSNs and peer QPN back from the device.
     pub fn query(&self) -> Result<QpAttributes, VerbsError> {
-        let mask = QueuePairAttributeMask::State
-            | QueuePairAttributeMask::SendQueuePacketSequenceNumber
-            | QueuePairAttributeMask::ReceiveQueuePacketSequenceNumber
-            | QueuePairAttributeMask::DestinationQueuePairNumber;
-        let (attr, _) = self
-            .qp
-            .query(mask)
-            .map_err(|e| VerbsError::verb("ibv_query_qp", self.pd.device().name(), e))?;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN;
+        let mut attr = zeroed_attr();
+        // SAFETY: plain old data, filled in by the call.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the QP is valid while `self` lives; both structs are ours to fill.
+        let rc = unsafe { ibv_query_qp(self.qp.0.as_ptr(), &mut attr, mask.0 as i32, &mut init) };
+        VerbsError::check(rc, "ibv_query_qp", self.pd.device().name())?;
         Ok(QpAttributes {
-            state: state_name(attr.state()),
-            sq_psn: attr.sq_psn(),
-            rq_psn: attr.rq_psn(),
-            dest_qpn: attr.dest_qp_num(),
+            state: state_name(attr.qp_state),
+            sq_psn: attr.sq_psn,
+            rq_psn: attr.rq_psn,
+            dest_qpn: attr.dest_qp_num,
         })
     }
 
-    fn modify(&mut self, attr: &QueuePairAttribute, to: &'static str) -> Result<(), VerbsError> {
-        self.qp.modify(attr).map_err(|e| VerbsError::Transition {
+    fn modify(
+        &mut self,
+        attr: &mut ibv_qp_attr,
+        mask: ibv_qp_attr_mask,
+        to: &'static str,
+    ) -> Result<(), VerbsError> {
+        // SAFETY: the QP is valid while `self` lives; `attr` holds every field `mask` names.
+        let rc = unsafe { ibv_modify_qp(self.qp.0.as_ptr(), attr, mask.0 as i32) };
+        if rc == 0 {
+            return Ok(());
+        }
+        Err(VerbsError::Transition {
             device: self.pd.device().name().to_owned(),
             qpn: self.qpn,
             from: S::NAME,
             to,
-            source: e.into(),
+            source: std::io::Error::from_raw_os_error(rc).into(),
         })
     }
 
@@ -380,6 +510,7 @@ impl<S: QpState> QueuePair<S> {
             pinned: self.pinned,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
+            srq: self.srq,
             pd: self.pd,
             sgid: self.sgid,
             qpn: self.qpn,
@@ -402,16 +533,16 @@ impl<S: QpState> QueuePair<S> {
     }
 }
 
-fn state_name(s: QueuePairState) -> &'static str {
+fn state_name(s: ibv_qp_state::Type) -> &'static str {
     match s {
-        QueuePairState::Reset => "RESET",
-        QueuePairState::Init => "INIT",
-        QueuePairState::ReadyToReceive => "RTR",
-        QueuePairState::ReadyToSend => "RTS",
-        QueuePairState::SendQueueDrain => "SQD",
-        QueuePairState::SendQueueError => "SQE",
-        QueuePairState::Error => "ERR",
-        QueuePairState::Unknown => "UNKNOWN",
+        ibv_qp_state::IBV_QPS_RESET => "RESET",
+        ibv_qp_state::IBV_QPS_INIT => "INIT",
+        ibv_qp_state::IBV_QPS_RTR => "RTR",
+        ibv_qp_state::IBV_QPS_RTS => "RTS",
+        ibv_qp_state::IBV_QPS_SQD => "SQD",
+        ibv_qp_state::IBV_QPS_SQE => "SQE",
+        ibv_qp_state::IBV_QPS_ERR => "ERR",
+        _ => "UNKNOWN",
     }
 }
 
@@ -424,20 +555,17 @@ impl<S: CanRecv> QueuePair<S> {
         mr: &Arc<MemoryRegion>,
         range: Range<usize>,
     ) -> Result<(), VerbsError> {
+        if self.srq.is_some() {
+            return Err(VerbsError::ReceiveOnSharedQueue(self.qpn));
+        }
         self.pin(mr, &range)?;
-        let mut guard = self.qp.start_post_recv();
-        let wr = guard.construct_wr(wr_id);
-        // SAFETY: range checked against the region, which the QP keeps alive.
-        unsafe {
-            wr.setup_sge(
-                mr.lkey(),
-                mr.addr() + range.start as u64,
-                range.len() as u32,
-            )
-        };
-        guard
-            .post()
-            .map_err(|e| VerbsError::verb("ibv_post_recv", self.pd.device().name(), e))
+        let qp = self.qp.0.as_ptr();
+        // SAFETY: the QP is valid while `self` lives; the range was checked against the
+        // region, which the QP keeps alive (pinned).
+        let rc = one_receive(wr_id, mr.sge(&range), |wr, bad| unsafe {
+            ibv_post_recv(qp, wr, bad)
+        });
+        VerbsError::check(rc, "ibv_post_recv", self.pd.device().name())
     }
 }
 
@@ -537,23 +665,15 @@ impl QueuePair<Rts> {
         self.post_raw(&mut wr)
     }
 
-    /// `ibv_post_send` of one work request that carries no SGE (sideway builds only data
-    /// operations).
+    /// `ibv_post_send` of one complete work request.
     fn post_raw(&mut self, wr: &mut ibv_send_wr) -> Result<(), VerbsError> {
         let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is valid while `self` lives; `wr` is a complete request with no
-        // SGE, and the window and region it names outlive it (the caller keeps the window
-        // until the session's completions are drained; the region is pinned).
-        let rc = unsafe { ibv_post_send(self.qp.qp().as_ptr(), wr, &mut bad) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(VerbsError::verb(
-                "ibv_post_send",
-                self.pd.device().name(),
-                std::io::Error::from_raw_os_error(rc),
-            ))
-        }
+        // SAFETY: the QP is valid while `self` lives; `wr` is a complete request whose SGE (if
+        // any) lies in a pinned region, and the window and region it names outlive it (the
+        // caller keeps the window until the session's completions are drained). The provider
+        // copies the request before returning.
+        let rc = unsafe { ibv_post_send(self.qp.0.as_ptr(), wr, &mut bad) };
+        VerbsError::check(rc, "ibv_post_send", self.pd.device().name())
     }
 
     fn post(
@@ -564,29 +684,31 @@ impl QueuePair<Rts> {
         op: SendOp,
     ) -> Result<(), VerbsError> {
         self.pin(mr, &range)?;
-        let (lkey, addr, len) = (
-            mr.lkey(),
-            mr.addr() + range.start as u64,
-            range.len() as u32,
-        );
-        let mut guard = self.qp.start_post_send();
-        let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
-        let buf = match op {
-            SendOp::Send => wr.setup_send(),
-            SendOp::Write(rkey, raddr) => wr.setup_write(rkey, raddr),
-            // The immediate travels in network order, so a capture shows the
-            // same value the application sent.
-            SendOp::WriteImm(rkey, raddr, imm) => wr.setup_write_imm(rkey, raddr, imm.to_be()),
-        };
+        let mut sge = mr.sge(&range);
+        // SAFETY: all-zero is a valid ibv_send_wr (null pointers, no SGEs).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         // A zero-length WRITE WITH IMMEDIATE is legal and carries no SGE.
-        if len > 0 {
-            // SAFETY: range checked against the region, which the QP keeps
-            // alive.
-            unsafe { buf.setup_sge(lkey, addr, len) };
+        if sge.length > 0 {
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
         }
-        guard
-            .post()
-            .map_err(|e| VerbsError::verb("ibv_post_send", self.pd.device().name(), e))
+        match op {
+            SendOp::Send => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
+            SendOp::Write(rkey, remote_addr) => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                wr.wr.rdma = rdma_t { remote_addr, rkey };
+            }
+            SendOp::WriteImm(rkey, remote_addr, imm) => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.wr.rdma = rdma_t { remote_addr, rkey };
+                // The immediate travels in network order, so a capture shows the same value
+                // the application sent.
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+        }
+        self.post_raw(&mut wr)
     }
 }
 
@@ -640,6 +762,8 @@ mod tests {
         assert_eq!(Init::NAME, "INIT");
         assert_eq!(Rtr::NAME, "RTR");
         assert_eq!(Rts::NAME, "RTS");
-        assert_eq!(state_name(QueuePairState::Error), "ERR");
+        assert_eq!(state_name(ibv_qp_state::IBV_QPS_ERR), "ERR");
+        assert_eq!(state_name(ibv_qp_state::IBV_QPS_RTS), "RTS");
+        assert_eq!(state_name(99), "UNKNOWN");
     }
 }

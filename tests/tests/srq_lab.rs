@@ -1,0 +1,349 @@
+//! A shared receive queue and a shared completion queue on real Soft-RoCE (issue 22's scalable
+//! server, at the verbs layer): queue pairs on `rxe-a` take their receives from one SRQ and
+//! report to one CQ, their peers on `rxe-b` send across the veth pair, and every message is
+//! accounted for once, on the queue pair it was sent to. Then what the shared queues save: rxe's
+//! rings per queue pair, session-shaped against shared.
+//!
+//! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use secure_rdma::verbs::{
+    CompletionQueue, Device, GidEntry, MemoryRegion, MemoryWindow, MrAccess, PathMtu,
+    ProtectionDomain, QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams,
+    SharedReceiveQueue, VerbsError, WcOpcode,
+};
+use secure_rdma_tests::{require_lab, ADDR_A, ADDR_B};
+
+/// Messages each client QP sends: several times the SRQ's receives, so the receiver has to
+/// repost slots while both peers send.
+const PER_QP: usize = 200;
+const SLOTS: usize = 32;
+const SLOT: usize = 256;
+const WAIT: Duration = Duration::from_secs(20);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+struct End {
+    pd: Arc<ProtectionDomain>,
+    gid: GidEntry,
+}
+
+fn end(addr: &str) -> End {
+    let (dev, gid) =
+        Device::open_for_address(addr.parse().expect("lab address")).expect("rxe device");
+    End {
+        pd: dev.alloc_pd().expect("PD"),
+        gid,
+    }
+}
+
+/// Brings `a` and `b` to RTS, each pointed at the other.
+fn connect(
+    a: QueuePair<secure_rdma::verbs::Init>,
+    b: QueuePair<secure_rdma::verbs::Init>,
+    psns: (u32, u32),
+) -> (QueuePair<Rts>, QueuePair<Rts>) {
+    let rtr = |qp: &QueuePair<secure_rdma::verbs::Init>, psn| {
+        RtrParams::new(qp.qpn().get(), psn, qp.sgid().gid, PathMtu::Mtu1024).expect("RTR params")
+    };
+    let (to_b, to_a) = (rtr(&b, psns.1), rtr(&a, psns.0));
+    let a = a
+        .into_rtr(to_b)
+        .and_then(|q| q.into_rts(RtsParams::new(psns.0)?))
+        .expect("a to RTS");
+    let b = b
+        .into_rtr(to_a)
+        .and_then(|q| q.into_rts(RtsParams::new(psns.1)?))
+        .expect("b to RTS");
+    (a, b)
+}
+
+const CAPS: QpCaps = QpCaps {
+    max_send_wr: 16,
+    max_recv_wr: 16,
+};
+
+/// `n` server QPs on `rxe-a`, all on one CQ and one SRQ (so one PD), each connected to a
+/// client QP on `rxe-b` with its own CQ and receive queue.
+fn shared_pairs(
+    srv: &End,
+    cli: &End,
+    cq: &Arc<CompletionQueue>,
+    srq: &Arc<SharedReceiveQueue>,
+    n: u32,
+    remote_write: bool,
+) -> Vec<(QueuePair<Rts>, QueuePair<Rts>, Arc<CompletionQueue>)> {
+    (0..n)
+        .map(|i| {
+            let s = QueuePair::create_on_srq(&srv.pd, cq, cq, srq, srv.gid.clone(), CAPS)
+                .and_then(|q| q.into_init(remote_write))
+                .expect("server QP on the SRQ");
+            let ccq = CompletionQueue::new(cli.pd.device(), 64).expect("client CQ");
+            let c = QueuePair::create(&cli.pd, &ccq, &ccq, cli.gid.clone(), CAPS)
+                .and_then(|q| q.into_init(false))
+                .expect("client QP");
+            let (s, c) = connect(s, c, (0x10_0000 + i, 0x20_0000 + i));
+            (s, c, ccq)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn queue_pairs_on_one_shared_receive_queue_each_get_exactly_their_messages() {
+    require_lab();
+    runtime().block_on(async {
+        let (srv, cli) = (end(ADDR_A), end(ADDR_B));
+        // The server: one CQ for everything, one SRQ for every QP's receives.
+        let cq = CompletionQueue::new(srv.pd.device(), 1024).expect("shared CQ");
+        let srq = SharedReceiveQueue::new(&srv.pd, SLOTS as u32).expect("ibv_create_srq");
+        let slots = MemoryRegion::new(&srv.pd, SLOTS * SLOT, MrAccess::Local).expect("slots");
+        for i in 0..SLOTS {
+            srq.post_recv(i as u64, &slots, i * SLOT..(i + 1) * SLOT)
+                .expect("post to the SRQ");
+        }
+        // A QP on an SRQ has no receive queue of its own: a receive posted to it is an error
+        // that says where receives go, not a silent loss.
+        let mut probe = QueuePair::create_on_srq(&srv.pd, &cq, &cq, &srq, srv.gid.clone(), CAPS)
+            .and_then(|q| q.into_init(false))
+            .expect("a QP on the SRQ");
+        let err = probe
+            .post_recv(99, &slots, 0..SLOT)
+            .expect_err("a receive on an SRQ's QP");
+        assert!(matches!(err, VerbsError::ReceiveOnSharedQueue(_)), "{err}");
+        assert!(
+            err.to_string().contains("SharedReceiveQueue::post_recv"),
+            "{err}"
+        );
+        drop(probe);
+        let mut pairs = shared_pairs(&srv, &cli, &cq, &srq, 2, false);
+        let server_qpns: Vec<u32> = pairs.iter().map(|(s, _, _)| s.qpn().get()).collect();
+
+        // The receiver: every arrival read out of its slot, the slot reposted to the SRQ.
+        let receiver = {
+            let (cq, srq, slots) = (Arc::clone(&cq), Arc::clone(&srq), Arc::clone(&slots));
+            tokio::spawn(async move {
+                let mut got: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+                for _ in 0..2 * PER_QP {
+                    let wc = cq.next_ok("a SEND on the SRQ", WAIT).await?;
+                    assert_eq!(wc.opcode, WcOpcode::Recv, "{wc:?}");
+                    let slot = wc.wr_id as usize;
+                    let bytes = slots.read(slot * SLOT, wc.byte_len as usize)?;
+                    got.entry(wc.qp_num)
+                        .or_default()
+                        .push(String::from_utf8_lossy(&bytes).into_owned());
+                    srq.post_recv(wc.wr_id, &slots, slot * SLOT..(slot + 1) * SLOT)?;
+                }
+                Ok::<_, VerbsError>(got)
+            })
+        };
+
+        // Both clients send, interleaved, each at most 8 unacknowledged.
+        let bufs: Vec<Arc<MemoryRegion>> = (0..2)
+            .map(|_| MemoryRegion::new(&cli.pd, PER_QP * SLOT, MrAccess::Local).expect("send MR"))
+            .collect();
+        let mut in_flight = [0usize; 2];
+        for k in 0..PER_QP {
+            for (i, (_, c, ccq)) in pairs.iter_mut().enumerate() {
+                let msg = format!("qp{i} message {k}");
+                bufs[i].write(k * SLOT, msg.as_bytes()).expect("fill");
+                if in_flight[i] == 8 {
+                    ccq.next_ok("a SEND's completion", WAIT)
+                        .await
+                        .expect("send completion");
+                    in_flight[i] -= 1;
+                }
+                c.post_send(k as u64, &bufs[i], k * SLOT..k * SLOT + msg.len())
+                    .expect("post SEND");
+                in_flight[i] += 1;
+            }
+        }
+        for (i, (_, _, ccq)) in pairs.iter().enumerate() {
+            for _ in 0..in_flight[i] {
+                ccq.next_ok("a SEND's completion", WAIT)
+                    .await
+                    .expect("send completion");
+            }
+        }
+        let got = receiver
+            .await
+            .expect("receiver task")
+            .expect("every SEND arrived");
+
+        // Each server QP got exactly its client's messages, each once, in order (RC keeps a
+        // QP's order; the SRQ only shares the buffers).
+        assert_eq!(
+            got.keys().copied().collect::<Vec<_>>(),
+            {
+                let mut q = server_qpns.clone();
+                q.sort_unstable();
+                q
+            },
+            "completions name the server's two QPs"
+        );
+        for (i, qpn) in server_qpns.iter().enumerate() {
+            let expected: Vec<String> = (0..PER_QP).map(|k| format!("qp{i} message {k}")).collect();
+            assert_eq!(got[qpn], expected, "QP {qpn:#x}'s messages");
+        }
+        // Nothing more arrived than was sent.
+        assert!(cq.try_next().expect("poll").is_none());
+        eprintln!(
+            "{} messages on 2 QPs through one SRQ of {SLOTS} receives and one CQ",
+            2 * PER_QP
+        );
+    });
+}
+
+/// Resident KiB of rxe's rings in this process (its mappings of `/dev/infiniband/uverbs*`).
+fn ring_kib() -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+    let mut in_rings = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        if let Some(rss) = line.strip_prefix("Rss:") {
+            if in_rings {
+                kib += rss
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        } else if line.split_whitespace().next().is_some_and(|f| {
+            f.contains('-') && f.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        }) {
+            in_rings = line
+                .split_whitespace()
+                .nth(5)
+                .is_some_and(|p| p.starts_with("/dev/infiniband/"));
+        }
+    }
+    kib
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn shared_queues_cut_rxes_rings_per_queue_pair() {
+    require_lab();
+    const N: usize = 200;
+    runtime().block_on(async {
+        let srv = end(ADDR_A);
+        // Session-shaped: two CQs of 32 and 32 receives of its own per QP (session.rs).
+        let before = ring_kib();
+        let mut own = Vec::new();
+        for _ in 0..N {
+            let send = CompletionQueue::new(srv.pd.device(), 32).expect("CQ");
+            let recv = CompletionQueue::new(srv.pd.device(), 32).expect("CQ");
+            let caps = QpCaps {
+                max_send_wr: 16,
+                max_recv_wr: 32,
+            };
+            own.push(QueuePair::create(&srv.pd, &send, &recv, srv.gid.clone(), caps).expect("QP"));
+        }
+        let own_kib = (ring_kib() - before) as f64 / N as f64;
+        drop(own);
+
+        // Shared: one CQ and one SRQ for all, each QP only its send queue.
+        let before = ring_kib();
+        let cq = CompletionQueue::new(srv.pd.device(), (2 * N * 16) as u32).expect("shared CQ");
+        let srq = SharedReceiveQueue::new(&srv.pd, 1024).expect("SRQ");
+        let fixed = ring_kib() - before;
+        let caps = QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 0,
+        };
+        let shared: Vec<_> = (0..N)
+            .map(|_| {
+                QueuePair::create_on_srq(&srv.pd, &cq, &cq, &srq, srv.gid.clone(), caps)
+                    .expect("QP on the SRQ")
+            })
+            .collect();
+        let shared_kib = (ring_kib() - before - fixed) as f64 / N as f64;
+        eprintln!(
+            "rxe rings per QP: {own_kib:.1} KiB with its own two CQs and receive queue, \
+             {shared_kib:.1} KiB on a shared CQ and SRQ (plus {fixed} KiB once for those)"
+        );
+        assert!(own_kib > 0.0, "the rings are visible in smaps");
+        assert!(
+            shared_kib < own_kib / 2.0,
+            "shared queues should at least halve the rings per QP: {shared_kib:.1} against \
+             {own_kib:.1} KiB"
+        );
+        drop(shared);
+    });
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn on_a_shared_pd_another_sessions_window_rkey_lands_nothing_where_a_region_rkey_would() {
+    require_lab();
+    runtime().block_on(async {
+        let (srv, cli) = (end(ADDR_A), end(ADDR_B));
+        let cq = CompletionQueue::new(srv.pd.device(), 256).expect("shared CQ");
+        let srq = SharedReceiveQueue::new(&srv.pd, 16).expect("SRQ");
+        // Session 0 (the victim) and session 1 (the attacker) share the SRQ, hence the PD.
+        let mut pairs = shared_pairs(&srv, &cli, &cq, &srq, 2, true);
+        let victim = MemoryRegion::new(&srv.pd, 4096, MrAccess::WindowBind).expect("victim MR");
+        let window = Arc::new(MemoryWindow::alloc(&srv.pd).expect("type 2 window"));
+        pairs[0]
+            .0
+            .post_bind_window(1, &window, &victim)
+            .expect("bind on the victim's QP");
+        cq.next_ok("the window's bind", WAIT).await.expect("bound");
+        let granted = window.remote(&victim);
+        // Without the defence: a region registered for remote write, as a session without
+        // windows would grant. On a shared PD its rkey is good on every QP of the PD.
+        let open = MemoryRegion::new(&srv.pd, 4096, MrAccess::RemoteWrite).expect("open MR");
+
+        let src = MemoryRegion::new(&cli.pd, 4096, MrAccess::Local).expect("client MR");
+        let mut write = |pair: usize, remote: RemoteBuffer, text: &'static str| {
+            src.write(0, text.as_bytes()).expect("fill");
+            let (_, c, ccq) = &mut pairs[pair];
+            c.post_write(7, &src, 0..text.len(), &remote, 0)
+                .expect("post WRITE");
+            let ccq = Arc::clone(ccq);
+            async move { ccq.next(WAIT).await.expect("the WRITE's completion") }
+        };
+
+        // The victim's own session writes through its window: it lands.
+        let wc = write(0, granted, "the victim's own bytes").await;
+        assert!(wc.status.is_success(), "the window's own QP: {}", wc.status);
+        assert_eq!(victim.read(0, 22).expect("read"), b"the victim's own bytes");
+
+        // The attack without the defence: session 1 writes with a region's rkey of the
+        // shared PD, and it lands.
+        let wc = write(1, open.remote(), "stolen through the PD").await;
+        assert!(
+            wc.status.is_success(),
+            "a region rkey on a shared PD is good on another session's QP: {}",
+            wc.status
+        );
+        assert_eq!(open.read(0, 21).expect("read"), b"stolen through the PD");
+
+        // With the defence: the same attacker, the victim's window rkey. rxe refuses it (the
+        // window is bound to session 0's QP), and not one byte lands.
+        let wc = write(1, granted, "stolen through the window").await;
+        assert!(
+            !wc.status.is_success(),
+            "another session's window rkey must be refused on a shared PD"
+        );
+        eprintln!(
+            "another session's window rkey on a shared PD: {} (the region rkey landed)",
+            wc.status
+        );
+        let mut expected = b"the victim's own bytes".to_vec();
+        expected.resize(4096, 0);
+        assert_eq!(
+            victim.read(0, 4096).expect("read"),
+            expected,
+            "the victim's region after the attack"
+        );
+    });
+}
