@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::admission::KeyCounts;
 use super::handler::{Delivery, Peer};
-use super::session_loop::{datapath_failure, log_arrival};
+use super::session_loop::{datapath_failure, log_arrival, RotationsCounted};
 use super::streams::StreamLease;
 use super::Shared;
 use crate::datapath::{Ack, AckStatus, Op, StreamId};
@@ -307,7 +307,11 @@ impl<'a> LaneContext<'a> {
         let counter = metrics.lane_counter(lane);
         let traffic = metrics.session(self.identity, self.device.name());
         let mut content_log = LogLimiter::new(20, Duration::from_millis(100));
+        // Each lane's keys rotate on their own (the session's policy, per lane): the server's
+        // rotation counters add them all, not lane 0's alone.
+        let mut rotations = RotationsCounted::default();
         let reason = loop {
+            rotations.count(metrics, &session);
             tokio::select! {
                 _ = ending.changed() => break "the session ended".to_owned(),
                 // A lane of a later session resumes this stream (this session was lost to its
@@ -368,6 +372,8 @@ impl<'a> LaneContext<'a> {
                 }
             }
         };
+        // Rotations of the last iteration (an arrival, then the lane ended).
+        rotations.count(metrics, &session);
         let courtesy = self
             .shared
             .config

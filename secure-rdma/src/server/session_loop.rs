@@ -205,7 +205,7 @@ pub(super) async fn serve_session(
     let mut seq = stream.first - 1;
     let first = stream.first;
     // Key rotations already counted, per direction: each arrival or post adds what changed.
-    let mut epochs_counted = (0u64, 0u64);
+    let mut rotations = RotationsCounted::default();
     // More lanes the client opens on this session ([`crate::lanes`]): each runs its own loop
     // here, beside lane 0, until `ending` says the session ends.
     let lane_ctx = LaneContext {
@@ -230,12 +230,7 @@ pub(super) async fn serve_session(
     let mut used_lanes: Vec<u32> = Vec::new();
     let lane0 = metrics.lane_counter(0);
     let reason = loop {
-        let epochs = session.key_epochs();
-        if epochs != epochs_counted {
-            metrics.key_rotated(KeyDirection::Send, epochs.0 - epochs_counted.0);
-            metrics.key_rotated(KeyDirection::Receive, epochs.1 - epochs_counted.1);
-            epochs_counted = epochs;
-        }
+        rotations.count(metrics, &session);
         tokio::select! {
             _ = stream.evicted() => {
                 // The client reconnected and resumed this stream: this session ends (and drains)
@@ -469,9 +464,7 @@ pub(super) async fn serve_session(
     }
     drop(lane_loops);
     // Rotations of the last iteration (an arrival, then the session ended).
-    let epochs = session.key_epochs();
-    metrics.key_rotated(KeyDirection::Send, epochs.0 - epochs_counted.0);
-    metrics.key_rotated(KeyDirection::Receive, epochs.1 - epochs_counted.1);
+    rotations.count(metrics, &session);
     // Nothing of this session may land after it: its QP goes to ERROR and every work request
     // still posted is consumed before the resources are freed and the stream let go (a resume
     // waiting for this session reads the stream's final state).
@@ -521,6 +514,26 @@ fn cert_end(end: CertEnd, metrics: &crate::metrics::ServerMetrics) -> (AbortReas
     };
     metrics.session_ended_by_cert(label);
     (reason, why)
+}
+
+/// The key rotations of one QP's session (lane 0's, or another lane's) already added to the
+/// server's `secure_rdma_key_rotations_total`: each loop iteration adds what changed since.
+#[derive(Debug, Default)]
+pub(super) struct RotationsCounted {
+    send: u64,
+    receive: u64,
+}
+
+impl RotationsCounted {
+    /// Adds the rotations `session` made since the last call.
+    pub(super) fn count(&mut self, metrics: &ServerMetrics, session: &Session) {
+        let (send, receive) = session.key_epochs();
+        if (send, receive) != (self.send, self.receive) {
+            metrics.key_rotated(KeyDirection::Send, send.saturating_sub(self.send));
+            metrics.key_rotated(KeyDirection::Receive, receive.saturating_sub(self.receive));
+            (self.send, self.receive) = (send, receive);
+        }
+    }
 }
 
 /// Counts a failure of the session's data path by its cause, logs it (a WARN that says "likely
