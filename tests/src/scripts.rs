@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 /// `scripts/NAME` in this checkout.
-fn path(name: &str) -> PathBuf {
+pub fn path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../scripts")
         .join(name)

@@ -347,3 +347,29 @@ fn on_a_shared_pd_another_sessions_window_rkey_lands_nothing_where_a_region_rkey
         );
     });
 }
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_queue_pair_on_another_pds_shared_queue_is_refused_naming_the_queue() {
+    require_lab();
+    let rt = runtime();
+    let _guard = rt.enter();
+    let srv = end(ADDR_A);
+    let other_pd = srv.pd.device().alloc_pd().expect("a second PD");
+    let cq = CompletionQueue::new(srv.pd.device(), 16).expect("CQ");
+    let srq = SharedReceiveQueue::new(&srv.pd, 16).expect("SRQ");
+    let err = QueuePair::create_on_srq(&other_pd, &cq, &cq, &srq, srv.gid.clone(), CAPS)
+        .expect_err("a QP of another PD on this SRQ");
+    assert!(
+        matches!(err, VerbsError::ForeignSharedQueue),
+        "{err:?}: {err}"
+    );
+    // What the caller reads names the queue and the fix, not a memory region.
+    let message = err.to_string();
+    assert!(message.contains("shared receive queue"), "{message}");
+    assert!(message.contains("SharedReceiveQueue::pd"), "{message}");
+    assert!(!message.contains("memory region"), "{message}");
+    // The same PD is accepted.
+    QueuePair::create_on_srq(&srv.pd, &cq, &cq, &srq, srv.gid.clone(), CAPS)
+        .expect("a QP of the SRQ's own PD");
+}

@@ -109,9 +109,16 @@ pub enum VerbsError {
     /// A GID index too large for the address vector (8 bits).
     #[error("invalid parameter: GID index {0} does not fit in 8 bits")]
     GidIndexTooLarge(u32),
-    /// A memory region (or shared receive queue) used with a QP of another protection domain.
+    /// A memory region used with a QP (or shared receive queue) of another protection domain.
     #[error("invalid parameter: memory region belongs to another protection domain")]
     ForeignRegion,
+    /// A queue pair asked to take its receives from a shared receive queue of another
+    /// protection domain: the verbs require one PD for both.
+    #[error(
+        "invalid parameter: the shared receive queue belongs to another protection domain; \
+         create the queue pair on the queue's own (SharedReceiveQueue::pd)"
+    )]
+    ForeignSharedQueue,
     /// A receive posted on a queue pair that takes its receives from a shared receive queue.
     #[error(
         "QP {0} takes its receives from a shared receive queue: post them there \
@@ -186,6 +193,17 @@ impl VerbsError {
             device: device.to_owned(),
             source: source.into(),
         }
+    }
+
+    /// The object a creating verb returned, or the error it left in `errno` when it returned
+    /// NULL, naming the verb and the device (`ibv_create_qp`, `ibv_create_srq`, `ibv_alloc_mw`).
+    fn created<T>(
+        raw: *mut T,
+        verb: &'static str,
+        device: &str,
+    ) -> Result<std::ptr::NonNull<T>, Self> {
+        std::ptr::NonNull::new(raw)
+            .ok_or_else(|| Self::verb(verb, device, std::io::Error::last_os_error()))
     }
 
     /// A verb's return code (0, or an errno value as the verbs that return one do) as a result.

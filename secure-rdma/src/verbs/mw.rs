@@ -48,13 +48,7 @@ impl MemoryWindow {
     pub fn alloc(pd: &Arc<ProtectionDomain>) -> Result<MemoryWindow, VerbsError> {
         // SAFETY: the PD is valid while `pd` lives; the window keeps an Arc of it.
         let raw = unsafe { ibv_alloc_mw(pd.pd.pd().as_ptr(), ibv_mw_type::IBV_MW_TYPE_2) };
-        let mw = NonNull::new(raw).ok_or_else(|| {
-            VerbsError::verb(
-                "ibv_alloc_mw",
-                pd.device().name(),
-                std::io::Error::last_os_error(),
-            )
-        })?;
+        let mw = VerbsError::created(raw, "ibv_alloc_mw", pd.device().name())?;
         // SAFETY: just allocated.
         let current = unsafe { mw.as_ref().rkey };
         Ok(MemoryWindow {

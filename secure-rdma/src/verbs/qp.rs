@@ -248,7 +248,8 @@ impl QueuePair<Reset> {
     /// its own (`caps.max_recv_wr` is ignored, and [`QueuePair::post_recv`] is refused), and
     /// every SEND or WRITE WITH IMMEDIATE that arrives on it consumes one of the receives
     /// posted to `srq`, completing on `recv_cq` with this QP's number
-    /// ([`Completion::qp_num`](super::Completion::qp_num)). `srq` must belong to `pd`.
+    /// ([`Completion::qp_num`](super::Completion::qp_num)). `srq` must belong to `pd`
+    /// ([`VerbsError::ForeignSharedQueue`] otherwise).
     ///
     /// ```no_run
     /// # async fn f(pd: std::sync::Arc<secure_rdma::verbs::ProtectionDomain>,
@@ -270,7 +271,7 @@ impl QueuePair<Reset> {
         caps: QpCaps,
     ) -> Result<Self, VerbsError> {
         if !Arc::ptr_eq(srq.pd(), pd) {
-            return Err(VerbsError::ForeignRegion);
+            return Err(VerbsError::ForeignSharedQueue);
         }
         Self::create_with(pd, send_cq, recv_cq, Some(srq), sgid, caps)
     }
@@ -304,13 +305,7 @@ impl QueuePair<Reset> {
         };
         // SAFETY: `init` is complete; the PD is valid while `pd` lives.
         let raw = unsafe { ibv_create_qp(pd.pd.pd().as_ptr(), &mut init) };
-        let Some(raw) = NonNull::new(raw) else {
-            return Err(VerbsError::verb(
-                "ibv_create_qp",
-                pd.device().name(),
-                std::io::Error::last_os_error(),
-            ));
-        };
+        let raw = VerbsError::created(raw, "ibv_create_qp", pd.device().name())?;
         let qp = RawQp(raw);
         // SAFETY: `raw` is the QP just created.
         let qpn = Qpn::new(unsafe { raw.as_ref() }.qp_num)?;

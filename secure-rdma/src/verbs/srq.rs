@@ -89,13 +89,7 @@ impl SharedReceiveQueue {
         };
         // SAFETY: the PD is valid while `pd` lives, and this queue keeps it.
         let raw = unsafe { ibv_create_srq(pd.pd.pd().as_ptr(), &mut init) };
-        let Some(raw) = NonNull::new(raw) else {
-            return Err(VerbsError::verb(
-                "ibv_create_srq",
-                pd.device().name(),
-                std::io::Error::last_os_error(),
-            ));
-        };
+        let raw = VerbsError::created(raw, "ibv_create_srq", pd.device().name())?;
         Ok(Arc::new(SharedReceiveQueue {
             srq: RawSrq(raw),
             pinned: Mutex::new(Vec::new()),
