@@ -183,6 +183,14 @@ struct Opts {
     /// wait: no tenant's quota counts them until a session takes one [default: 0, none]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=1024))]
     warm_pool: Option<u32>,
+    /// Take every session's receives from one shared receive queue of this many slots per
+    /// device, reported on one CQ, instead of 16 receive slots, a receive queue and a receive
+    /// CQ per session: less memory per session. Sessions then share one protection domain, so
+    /// memory windows are required (not with --no-memory-windows); a client that sends beyond
+    /// its 16 receives of credit is cut off; the warm pool does not serve these sessions
+    /// [default: 0, a receive queue per session]
+    #[arg(long, value_name = "SLOTS", value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    shared_receive_queue: Option<u32>,
     /// End sessions older than this many seconds (clients reconnect) [default: no limit]
     #[arg(long, value_name = "SECONDS")]
     max_session_lifetime: Option<u64>,
@@ -238,7 +246,7 @@ struct Opts {
     /// Sessions the median setup of --setup-slow-factor is taken over [default: 20]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     setup_slow_window: Option<u32>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-lanes-per-identity, warm-pool, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, setup-slow-factor, setup-slow-window, identity, trust-domain, ca, cert, key, crl)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-lanes-per-identity, warm-pool, shared-receive-queue, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, setup-slow-factor, setup-slow-window, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -520,6 +528,18 @@ async fn serve(flags: Opts) -> Result<()> {
         .or(file.max_session_lifetime)
         .map(|s| Duration::from_secs(s.max(1)));
     let allow_gid_mismatch = flags.allow_gid_mismatch || file.allow_gid_mismatch;
+    let shared_receive_queue = flags
+        .shared_receive_queue
+        .or(file.shared_receive_queue)
+        .unwrap_or(0);
+    if shared_receive_queue > 0 && (flags.no_memory_windows || file.no_memory_windows) {
+        // Sessions on one shared queue share its protection domain: a region's own rkey
+        // would let any of them write into another's memory.
+        bail!(
+            "--shared-receive-queue needs memory windows: sessions on it share one protection domain, \
+             where a write region's own rkey (--no-memory-windows) would reach every session's memory"
+        );
+    }
     let given_dir = flags.certs.or(file.certs);
     let dir = given_dir.clone().unwrap_or_else(|| PathBuf::from("certs"));
     let ca = certs::ca_paths(&dir);
@@ -625,6 +645,7 @@ async fn serve(flags: Opts) -> Result<()> {
                 }),
         )
         .with_warm_pool(flags.warm_pool.or(file.warm_pool).unwrap_or(0) as usize)
+        .with_shared_receive_queue(shared_receive_queue as usize)
         .with_setup_watch(SetupWatchConfig::new(
             flags
                 .setup_slow_window

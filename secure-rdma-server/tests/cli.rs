@@ -114,3 +114,50 @@ fn dash_p_listens_on_that_port_and_conflicts_with_listen() {
     let _ = child.wait();
     assert_eq!(listen, format!("0.0.0.0:{port}"));
 }
+
+/// Sessions on one shared receive queue share its protection domain, so a region's own rkey
+/// (`--no-memory-windows`) would reach every session's memory: the combination is refused with
+/// why, from the flags and from the config file alike, and a size that is not a number is a
+/// usage error.
+#[test]
+fn a_shared_receive_queue_without_memory_windows_is_refused_saying_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("certs");
+    secure_rdma::certs::init(&certs, &["localhost".into()]).expect("certs");
+    let certs = certs.to_str().expect("utf-8 path");
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        "shared-receive-queue = 1024\nno-memory-windows = true\n",
+    )
+    .expect("write config");
+    for args in [
+        vec![
+            "--shared-receive-queue",
+            "1024",
+            "--no-memory-windows",
+            "--certs",
+            certs,
+        ],
+        vec![
+            "--config",
+            config.to_str().expect("utf-8 path"),
+            "--certs",
+            certs,
+        ],
+    ] {
+        let out = secure_server(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("--shared-receive-queue needs memory windows")
+                && err.contains("one protection domain"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = secure_server(&["--shared-receive-queue", "many"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--shared-receive-queue"));
+    let help = String::from_utf8_lossy(&secure_server(&["--help"]).stdout).to_string();
+    assert!(help.contains("--shared-receive-queue <SLOTS>"), "{help}");
+}

@@ -19,7 +19,9 @@
 //!
 //! `--rekey-after`, `--rekey-after-bytes` and `--rekey-after-seconds` set when the payload
 //! keys rotate (as `secure-server`'s flags do); the summary at the end says how many times
-//! they did, per direction.
+//! they did, per direction. `--shared-receive-queue SLOTS` gives every session its receives from
+//! one shared receive queue; the summary's `rdma setups` line says how many sessions and lanes
+//! were set up on it (`shared`) or with their own queues (`cold`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -61,6 +63,10 @@ struct Args {
     /// Rotate once a key is this many seconds old (0: no time threshold) [default: 3600]
     #[arg(long, value_name = "SECS")]
     rekey_after_seconds: Option<u64>,
+    /// Take every session's receives from one shared receive queue of this many slots (as
+    /// `secure-server --shared-receive-queue`) [default: 0, a receive queue per session]
+    #[arg(long, value_name = "SLOTS", default_value_t = 0)]
+    shared_receive_queue: usize,
 }
 
 /// The last sequence taken per (identity, stream), kept in a file: one line
@@ -134,7 +140,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_bytes(args.rekey_after_bytes.unwrap_or(default.bytes))
         .with_seconds(args.rekey_after_seconds.unwrap_or(default.seconds));
     let metrics = ServerMetrics::default();
-    let server = Server::bind(ServerConfig::new(args.listen, &args.certs).with_rekey(rekey))
+    let config = ServerConfig::new(args.listen, &args.certs)
+        .with_rekey(rekey)
+        .with_shared_receive_queue(args.shared_receive_queue);
+    let server = Server::bind(config)
         .await?
         .with_handler(tx)
         .with_metrics(metrics.clone());
@@ -180,6 +189,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "key rotations ({rekey}): send {}, receive {}",
         metrics.key_rotations(KeyDirection::Send),
         metrics.key_rotations(KeyDirection::Receive)
+    );
+    println!(
+        "rdma setups: cold {}, warm {}, shared {}",
+        metrics.rdma_setups("cold"),
+        metrics.rdma_setups("warm"),
+        metrics.rdma_setups("shared")
     );
     Ok(())
 }

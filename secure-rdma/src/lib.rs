@@ -10,6 +10,9 @@
 //! - [`psn`]: 24-bit PSNs and QPNs, drawn from the OS CSPRNG.
 //! - [`verbs`]: device, GIDs, protection domains, completion queues,
 //!   memory regions and the typestate RC queue pair.
+//! - [`shared_queue`]: receives of many queue pairs through one shared
+//!   receive queue and one completion queue, routed to each by its number
+//!   (the scalable server's receive side).
 //! - [`datapath`]: the steady-state protocol's records: the operations
 //!   ([`datapath::Op`]), their acknowledgements, the bye and the abort.
 //! - [`protect`]: payload protection, AEAD over every RDMA SEND and WRITE
@@ -44,7 +47,7 @@
 //! The layers, lowest first:
 //!
 //! ```text
-//! psn → verbs → datapath → protect → certs → tls → handshake → session → lanes → warm → client, server
+//! psn → verbs → shared_queue → datapath → protect → certs → tls → handshake → session → lanes → warm → client, server
 //! ```
 //!
 //! (`ratelimit`, `quota` and `metrics` stand beside them: `metrics` names
@@ -70,6 +73,7 @@ pub mod ratelimit;
 pub mod server;
 pub mod session;
 pub mod setup_watch;
+pub mod shared_queue;
 pub mod tls;
 pub mod verbs;
 pub mod warm;

@@ -35,7 +35,7 @@
 //! | `secure_rdma_lanes_opened_total` | counter | |
 //! | `secure_rdma_lanes_refused_total` | counter | `reason` ([`LANE_REFUSALS`]) |
 //! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
-//! | `secure_rdma_rdma_setups_total` | counter | `path` (`warm`: a session or lane took resources made ahead, [`crate::warm`]; `cold`: it made its own) |
+//! | `secure_rdma_rdma_setups_total` | counter | `path` (`warm`: a session or lane took resources made ahead, [`crate::warm`]; `cold`: it made its own; `shared`: it made its own on the shared receive queue, [`crate::shared_queue`]) |
 //! | `secure_rdma_warm_ready` | gauge | (resources ready in the warm pools, as of the last take) |
 //! | `secure_rdma_setup_slow` | gauge | (1 while the median RDMA setup of the last sessions is slow, [`crate::setup_watch`]) |
 //! | `secure_rdma_setup_slowdowns_total` | counter | |
@@ -367,7 +367,7 @@ struct LaneLabels {
     lane: u32,
 }
 
-/// The `path` label: `warm` or `cold` ([`crate::warm`]).
+/// The `path` label: `warm` or `cold` ([`crate::warm`]), or `shared` ([`crate::shared_queue`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PathLabels {
     path: &'static str,
@@ -660,7 +660,7 @@ impl ServerMetrics {
         );
         registry.register(
             "secure_rdma_rdma_setups",
-            "RDMA setups of sessions and lanes, by path (warm: resources made ahead by the warm pool were taken; cold: the setup made its own)",
+            "RDMA setups of sessions and lanes, by path (warm: resources made ahead by the warm pool were taken; cold: the setup made its own; shared: it made its own on the shared receive queue)",
             self.rdma_setups.clone(),
         );
         registry.register(
@@ -693,7 +693,7 @@ impl ServerMetrics {
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
     }
 
-    /// RDMA setups so far by `path` (`"warm"` or `"cold"`).
+    /// RDMA setups so far by `path` (`"warm"`, `"cold"` or `"shared"`).
     pub fn rdma_setups(&self, path: &'static str) -> u64 {
         self.rdma_setups.get_or_create(&PathLabels { path }).get()
     }

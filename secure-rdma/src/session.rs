@@ -25,10 +25,11 @@ use crate::handshake::{unexpected, Channel, Endpoint, HandshakeError, Kind, Mess
 use crate::protect::{AuthError, Protection, SealError, HEADER_LEN, OVERHEAD};
 use crate::psn::Psn;
 use crate::quota::{Admission, Refusal, TenantQuota, Verb};
+use crate::shared_queue::{Inbox, InboxError, SharedQueue, SharedQueueError};
 use crate::tls::{Tokens, TOKEN_LEN};
 use crate::verbs::{
-    Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MemoryWindow, MrAccess, Poll,
-    QpAttributes, QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
+    CompletionQueue, Device, GidEntry, MemoryRegion, MemoryWindow, MrAccess, Poll, QpAttributes,
+    QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
 };
 
 /// Errors of session setup and use.
@@ -105,6 +106,16 @@ pub enum SessionError {
     /// Resources made ahead of time were given to a session of another shape (sizes).
     #[error("the resources made ahead were made for other sizes than this session's")]
     ShapeMismatch,
+    /// The session's resources could not be made on a shared receive queue.
+    #[error(transparent)]
+    SharedQueue(#[from] SharedQueueError),
+    /// A session on a shared receive queue must grant remote writes through a memory window
+    /// (`memory_window`), and its messages must fit the queue's slots.
+    #[error("this session cannot use the shared receive queue: {0}")]
+    SharedQueueUnsuitable(&'static str),
+    /// The shared receive queue gave this session no message (see [`InboxError`]).
+    #[error(transparent)]
+    SharedReceive(InboxError),
 }
 
 /// Sizes, timeouts and what the peer may do.
@@ -300,6 +311,22 @@ const WRITE_WR: u64 = 2;
 const BIND_WR: u64 = 3;
 const INVALIDATE_WR: u64 = 4;
 
+/// Where a session's receives come from.
+enum Receive {
+    /// Its own receive queue, with a slot of this region per posted receive (`wr_id` = slot).
+    Own(Arc<MemoryRegion>),
+    /// A server's [`SharedQueue`], whose pump routes this QP's messages here.
+    Shared(Inbox),
+}
+
+/// One receive, as [`Session::next_received`] returns it.
+struct Received {
+    opcode: WcOpcode,
+    /// A SEND's bytes (empty for a WRITE, whose bytes are in the write region).
+    data: Result<Vec<u8>, SessionError>,
+    imm: Option<u32>,
+}
+
 /// One connection's RDMA resources in RTS, confirmed.
 pub struct Session {
     // The bound window is shared with the QP, which deallocates it just before the QP is
@@ -308,7 +335,7 @@ pub struct Session {
     window: Option<Arc<MemoryWindow>>,
     qp: QueuePair<Rts>,
     send_mr: Arc<MemoryRegion>,
-    recv_mr: Arc<MemoryRegion>,
+    receive: Receive,
     data_mr: Option<Arc<MemoryRegion>>,
     remote_buffer: Option<RemoteBuffer>,
     protection: Option<Protection>,
@@ -320,7 +347,8 @@ pub struct Session {
     /// difference is in flight, each in its own send slot.
     posted: u64,
     completed: u64,
-    /// Receives posted and not yet consumed as a completion.
+    /// Receives posted on the session's own receive queue and not yet consumed as a
+    /// completion (none on a shared queue, whose receives are the queue's).
     recv_posted: usize,
     /// WRITEs posted to the peer (the next lands in slot `writes_posted`
     /// mod the peer's write slots) and WRITEs that landed here.
@@ -430,7 +458,10 @@ impl Session {
     /// default) or busy polling, which takes a core for the lowest latency.
     pub fn set_poll(&self, poll: Poll) {
         self.qp.send_cq().set_poll(poll);
-        self.qp.recv_cq().set_poll(poll);
+        // A shared queue's CQ is its pump's, which waits on events for every session.
+        if let Receive::Own(_) = self.receive {
+            self.qp.recv_cq().set_poll(poll);
+        }
     }
 
     /// What was exchanged while connecting.
@@ -620,15 +651,31 @@ impl Session {
         self.flush().await
     }
 
-    /// Waits (without timeout: the caller selects on it) for the next SEND or
-    /// WRITE the peer makes land, verifies it when payloads are protected,
-    /// and re-posts its receive slot.
-    ///
-    /// A message that fails verification is [`SessionError::Auth`]: none of
-    /// it is returned, and the session must not be used any more (its QP has
-    /// consumed a PSN the peer never sent, so the peer's next message would
-    /// be dropped as a duplicate).
-    pub async fn arrival(&mut self) -> Result<Arrival, SessionError> {
+    /// The next receive that completed, with a SEND's bytes copied out of its slot and the
+    /// slot posted again (the session's own receive queue), or as the shared queue's pump
+    /// routed it here. Cancel-safe.
+    async fn next_received(&mut self) -> Result<Received, SessionError> {
+        let mr = match &mut self.receive {
+            Receive::Shared(inbox) => {
+                let incoming = inbox.next().await.map_err(|e| match e {
+                    // The same error as on a receive queue of the session's own, so that what
+                    // the peer did (a bad rkey, a bad length) is sorted by its cause.
+                    InboxError::Completion { wr_id, status } => VerbsError::WorkCompletion {
+                        wr_id,
+                        opcode: WcOpcode::Recv,
+                        status,
+                    }
+                    .into(),
+                    other => SessionError::SharedReceive(other),
+                })?;
+                return Ok(Received {
+                    opcode: incoming.opcode,
+                    data: Ok(incoming.data),
+                    imm: incoming.imm,
+                });
+            }
+            Receive::Own(mr) => Arc::clone(mr),
+        };
         let wc = match self.qp.recv_cq().next_ok_unbounded().await {
             Ok(wc) => wc,
             Err(VerbsError::WorkCompletion { wr_id, status, .. }) => {
@@ -650,36 +697,56 @@ impl Session {
         if slot >= self.config.recv_slots {
             return Err(VerbsError::UnknownReceive(wc.wr_id).into());
         }
-        let (op, raw) = match wc.opcode {
-            WcOpcode::Recv => (
-                Op::Send,
-                self.recv_mr
-                    .read(slot * bs, wc.byte_len as usize)
-                    .map_err(SessionError::from),
-            ),
+        let data = match wc.opcode {
+            WcOpcode::Recv => mr
+                .read(slot * bs, wc.byte_len as usize)
+                .map_err(SessionError::from),
+            // A WRITE's bytes are in the write region, not in the slot.
+            _ => Ok(Vec::new()),
+        };
+        // The slot is free again whatever the verdict: its bytes were copied out.
+        self.qp
+            .post_recv(slot as u64, &mr, slot * bs..(slot + 1) * bs)?;
+        Ok(Received {
+            opcode: wc.opcode,
+            data,
+            imm: wc.imm_data,
+        })
+    }
+
+    /// Waits (without timeout: the caller selects on it) for the next SEND or
+    /// WRITE the peer makes land, verifies it when payloads are protected,
+    /// and re-posts its receive slot.
+    ///
+    /// A message that fails verification is [`SessionError::Auth`]: none of
+    /// it is returned, and the session must not be used any more (its QP has
+    /// consumed a PSN the peer never sent, so the peer's next message would
+    /// be dropped as a duplicate).
+    pub async fn arrival(&mut self) -> Result<Arrival, SessionError> {
+        let received = self.next_received().await?;
+        let bs = self.slot_len;
+        let (op, raw) = match received.opcode {
+            WcOpcode::Recv => (Op::Send, received.data),
             WcOpcode::RecvRdmaWithImm => {
-                let len = wc.imm_data.unwrap_or(0) as usize;
+                let len = received.imm.unwrap_or(0) as usize;
                 // WRITEs land in our slots in turn, and an RC QP delivers them in order, so
                 // the slot is ours to know, not the peer's to say.
                 let at = (self.writes_landed % self.config.write_slots as u64) as usize * bs;
                 self.writes_landed += 1;
                 match &self.data_mr {
                     // A length beyond the slot is not a WRITE we allowed (it would read the
-                    // next slot): refused, after the receive is re-posted below.
+                    // next slot): refused (its receive is already posted again).
                     Some(_) if len > bs => {
                         (Op::Write, Err(SessionError::TooLarge { len, max: bs }))
                     }
                     Some(mr) => (Op::Write, mr.read(at, len).map_err(SessionError::from)),
                     // We registered nothing for writes and gave the QP no remote write access:
                     // the device should have refused this.
-                    None => return Err(VerbsError::UnexpectedCompletion(wc.opcode).into()),
+                    None => return Err(VerbsError::UnexpectedCompletion(received.opcode).into()),
                 }
             }
             other => return Err(VerbsError::UnexpectedCompletion(other).into()),
         };
-        // The slot is free again whatever the verdict: its bytes were copied out.
-        self.qp
-            .post_recv(slot as u64, &self.recv_mr, slot * bs..(slot + 1) * bs)?;
         let mut raw = raw?;
         if let Some(p) = &mut self.protection {
             let len = p
@@ -759,6 +826,14 @@ impl SessionConfig {
     }
 }
 
+impl Shape {
+    /// Bytes of one message slot: the payload, plus the header and tag when protected. A
+    /// [`SharedQueue`] serving such sessions needs slots of at least this size.
+    pub fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+}
+
 /// A session's RDMA resources, made and ready to be connected: its PD, CQs, memory regions,
 /// memory window and QP, the QP in INIT with every receive posted. Nothing in it belongs to a
 /// TLS session yet (no PSN, no keys, no peer): [`Prepared::from_resources`] gives it those.
@@ -767,7 +842,7 @@ pub struct Resources {
     window: Option<Arc<MemoryWindow>>,
     qp: QueuePair<crate::verbs::Init>,
     send_mr: Arc<MemoryRegion>,
-    recv_mr: Arc<MemoryRegion>,
+    receive: Receive,
     data_mr: Option<Arc<MemoryRegion>>,
     sgid: GidEntry,
     mtu: crate::verbs::PathMtu,
@@ -844,7 +919,76 @@ impl Resources {
             window,
             qp,
             send_mr,
-            recv_mr,
+            receive: Receive::Own(recv_mr),
+            data_mr,
+            sgid,
+            mtu: device.active_mtu()?,
+            shape,
+        })
+    }
+
+    /// Makes the CQ for sends, the memory regions, window and QP a session of `config` needs,
+    /// on `shared`'s protection domain, the QP taking its receives from `shared`: no receive
+    /// queue, receive slots or receive CQ of its own. The peer's credit there is
+    /// `config.recv_slots` messages waiting.
+    ///
+    /// Refused unless `config` grants remote writes through a memory window (its
+    /// `memory_window`, or no `accept_writes`): on a shared protection domain a region's own
+    /// rkey would reach every session's memory.
+    pub fn on_shared(
+        shared: &SharedQueue,
+        sgid: GidEntry,
+        config: &SessionConfig,
+    ) -> Result<Resources, SessionError> {
+        let shape = config.shape();
+        if shape.accept_writes && !shape.memory_window {
+            return Err(SessionError::SharedQueueUnsuitable(
+                "it would grant remote writes with a region's rkey, which every session on the shared protection domain could use (enable memory windows)",
+            ));
+        }
+        if shape.slot_len > shared.slot_len() {
+            return Err(SessionError::SharedQueueUnsuitable(
+                "its messages are larger than the shared queue's slots",
+            ));
+        }
+        let bs = shape.slot_len;
+        let (send_slots, write_slots) = (shape.send_slots, shape.write_slots);
+        let pd = shared.pd();
+        let device = pd.device();
+        let max_send = send_slots.max(16);
+        // Sends, the window's bind and its invalidation: one CQ entry each.
+        let send_cq =
+            CompletionQueue::new(device, u32::try_from(max_send + 2).unwrap_or(u32::MAX))?;
+        let send_mr = MemoryRegion::new(pd, bs * send_slots, MrAccess::Local)?;
+        let data_mr = match shape.accept_writes {
+            true => Some(MemoryRegion::new(
+                pd,
+                bs * write_slots,
+                MrAccess::WindowBind,
+            )?),
+            false => None,
+        };
+        let caps = QpCaps {
+            max_send_wr: u32::try_from(max_send).unwrap_or(u32::MAX),
+            max_recv_wr: 0,
+        };
+        let (qp, inbox) = shared.attach_with(
+            &send_cq,
+            sgid.clone(),
+            caps,
+            shape.recv_slots,
+            shape.accept_writes,
+        )?;
+        // After the QP, as in `new`: the kernel destroys the window first on a process's death.
+        let window = match &data_mr {
+            Some(_) => Some(Arc::new(MemoryWindow::alloc(pd)?)),
+            None => None,
+        };
+        Ok(Resources {
+            window,
+            qp,
+            send_mr,
+            receive: Receive::Shared(inbox),
             data_mr,
             sgid,
             mtu: device.active_mtu()?,
@@ -876,6 +1020,19 @@ impl Prepared {
     ) -> Result<Prepared, SessionError> {
         let started = std::time::Instant::now();
         let resources = Resources::new(device, sgid, &config)?;
+        Self::assemble(resources, secrets, config, started)
+    }
+
+    /// This connection's resources on `shared` ([`Resources::on_shared`]) with its secrets
+    /// and a first PSN drawn now.
+    pub fn on_shared(
+        shared: &SharedQueue,
+        sgid: GidEntry,
+        secrets: Secrets,
+        config: SessionConfig,
+    ) -> Result<Prepared, SessionError> {
+        let started = std::time::Instant::now();
+        let resources = Resources::on_shared(shared, sgid, &config)?;
         Self::assemble(resources, secrets, config, started)
     }
 
@@ -953,7 +1110,7 @@ impl Prepared {
             window,
             qp,
             send_mr,
-            recv_mr,
+            receive,
             data_mr,
             shape,
             ..
@@ -1000,13 +1157,16 @@ impl Prepared {
                 .next_ok("the memory window's bind", config.timeout)
                 .await?;
         }
-        let slots = config.recv_slots;
+        let recv_posted = match receive {
+            Receive::Own(_) => config.recv_slots,
+            Receive::Shared(_) => 0,
+        };
         Ok(Unconfirmed {
             session: Session {
                 window,
                 qp,
                 send_mr,
-                recv_mr,
+                receive,
                 data_mr,
                 remote_buffer: remote.buffer,
                 protection,
@@ -1014,7 +1174,7 @@ impl Prepared {
                 slot_len,
                 posted: 0,
                 completed: 0,
-                recv_posted: slots,
+                recv_posted,
                 writes_posted: 0,
                 writes_landed: 0,
                 config,
@@ -1059,57 +1219,45 @@ impl Unconfirmed {
         } = self;
         let timeout = session.config.timeout;
         session.timing.setup = session.started.elapsed();
-        let bs = session.slot_len;
-        let qp = &mut session.qp;
-        let send_token = |qp: &mut QueuePair<Rts>| -> Result<(), VerbsError> {
+        // A token that never comes, or a SEND or receive that completes in error, is the RDMA
+        // path not working: the PSN or GID mismatch the tokens are there to catch.
+        let unconfirmed = |e: SessionError| match e {
+            SessionError::Verbs(VerbsError::Timeout { .. })
+            | SessionError::Verbs(VerbsError::WorkCompletion { .. }) => {
+                SessionError::ConfirmTimeout(timeout)
+            }
+            other => other,
+        };
+        if how != Confirm::Second {
             session.send_mr.write(0, &tokens.mine)?;
-            qp.post_send(TOKEN_WR, &session.send_mr, 0..TOKEN_LEN)
+            session
+                .qp
+                .post_send(TOKEN_WR, &session.send_mr, 0..TOKEN_LEN)?;
+            session
+                .qp
+                .send_cq()
+                .next_ok("the confirmation token SEND", timeout)
+                .await
+                .map_err(|e| unconfirmed(e.into()))?;
+        }
+        let got = match tokio::time::timeout(timeout, session.next_received()).await {
+            Ok(got) => got.map_err(unconfirmed)?,
+            Err(_) => return Err(SessionError::ConfirmTimeout(timeout)),
         };
-        let exchange = async {
-            if how != Confirm::Second {
-                send_token(qp)?;
-                qp.send_cq()
-                    .next_ok("the confirmation token SEND", timeout)
-                    .await?;
-            }
-            let wc = qp
-                .recv_cq()
-                .next_ok("the peer's confirmation token", timeout)
-                .await?;
-            Ok::<Completion, VerbsError>(wc)
-        };
-        let wc = match exchange.await {
-            Ok(wc) => wc,
-            Err(VerbsError::Timeout { .. }) | Err(VerbsError::WorkCompletion { .. }) => {
-                return Err(SessionError::ConfirmTimeout(timeout))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let slot = wc.wr_id as usize;
-        let got = session.recv_mr.read(slot * bs, wc.byte_len as usize)?;
-        if wc.opcode != WcOpcode::Recv || got != tokens.peer {
+        if got.opcode != WcOpcode::Recv || got.data? != tokens.peer {
             return Err(SessionError::BadToken);
         }
-        session
-            .qp
-            .post_recv(slot as u64, &session.recv_mr, slot * bs..(slot + 1) * bs)?;
         if how == Confirm::Second {
             session.send_mr.write(0, &tokens.mine)?;
             session
                 .qp
                 .post_send(TOKEN_WR, &session.send_mr, 0..TOKEN_LEN)?;
-            match session
+            session
                 .qp
                 .send_cq()
                 .next_ok("the confirmation token SEND", timeout)
                 .await
-            {
-                Ok(_) => {}
-                Err(VerbsError::Timeout { .. }) | Err(VerbsError::WorkCompletion { .. }) => {
-                    return Err(SessionError::ConfirmTimeout(timeout))
-                }
-                Err(e) => return Err(e.into()),
-            }
+                .map_err(|e| unconfirmed(e.into()))?;
         }
         session.timing.confirmation = session
             .started
@@ -1161,6 +1309,14 @@ impl Session {
         let outstanding_recv = self.recv_posted;
         let outstanding_send = self.in_flight();
         let qp = self.qp.into_error()?;
+        // On a shared queue nothing of ours is posted to flush: the messages that landed and
+        // were not taken are those routed to the inbox by now (in ERROR, nothing more comes).
+        if let Receive::Shared(inbox) = &mut self.receive {
+            drained.discarded += inbox
+                .discard_all(timeout)
+                .await
+                .map_err(SessionError::SharedReceive)?;
+        }
         for (cq, n, receives, what) in [
             (qp.recv_cq(), outstanding_recv, true, "the receives flushed"),
             (qp.send_cq(), outstanding_send, false, "the sends flushed"),

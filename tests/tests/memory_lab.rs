@@ -277,7 +277,7 @@ fn rdma_read_at_address_zero_gets_no_response_and_ends_the_session_with_its_caus
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn a_previous_sessions_rkey_lands_nothing_while_the_current_one_reaches_the_aead() {
-    let (warm, _) = old_rkey_attack(Lab::start(4591, 9591));
+    let (warm, _, _) = old_rkey_attack(Lab::start(4591, 9591));
     assert_eq!(warm, 0, "no warm pool, no warm setup");
 }
 
@@ -334,7 +334,7 @@ fn a_plain_write_with_the_current_rkey_lands_silently_but_nothing_of_it_is_deliv
 }
 
 /// Returns the server's RDMA setups by path (warm, cold).
-fn old_rkey_attack(mut lab: Lab) -> (u64, u64) {
+fn old_rkey_attack(mut lab: Lab) -> (u64, u64, u64) {
     // Session 1: the attacker only watches, and keeps the rkey and address of its WRITE.
     let inj = observe(&[]);
     lab.victim.op("write first session's bytes");
@@ -468,17 +468,40 @@ fn old_rkey_attack(mut lab: Lab) -> (u64, u64) {
     setups
 }
 
-/// `secure_rdma_rdma_setups_total` by path: (warm, cold).
-fn rdma_setups(metrics: &str) -> (u64, u64) {
-    let text = scrape(metrics).unwrap_or_default();
-    let count = |path: &str| {
-        let key = format!("secure_rdma_rdma_setups_total{{path=\"{path}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(key.as_str()))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
-    };
-    (count("warm"), count("cold"))
+/// `secure_rdma_rdma_setups_total` by path: (warm, cold, shared).
+fn rdma_setups(metrics: &str) -> (u64, u64, u64) {
+    (
+        setups_by(metrics, "warm"),
+        setups_by(metrics, "cold"),
+        setups_by(metrics, "shared"),
+    )
+}
+
+/// `secure_rdma_rdma_setups_total{path}` (0 when the series is absent).
+fn setups_by(metrics: &str, path: &str) -> u64 {
+    let key = format!("secure_rdma_rdma_setups_total{{path=\"{path}\"}} ");
+    scrape(metrics)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key.as_str()).map(str::to_owned))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// The same on a server whose sessions all take their receives from one shared receive queue
+/// (`--shared-receive-queue`) and so share one protection domain: the previous session's
+/// window rkey, on that same domain, lands nothing; the current one's WRITE WITH IMMEDIATE
+/// consumes a shared receive, is routed to its session and refused by the AEAD there.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn on_a_shared_receive_queue_a_previous_sessions_rkey_lands_nothing_either() {
+    let setups = old_rkey_attack(Lab::start_with(
+        4597,
+        9597,
+        &["--shared-receive-queue", "32"],
+    ));
+    // The first session and the client's three reconnects, all on the shared queue.
+    assert_eq!(setups, (0, 0, 4), "(warm, cold, shared) setups");
 }
 
 /// The same on a server that keeps session resources ready (`--warm-pool`): a session's QP,
@@ -488,7 +511,7 @@ fn rdma_setups(metrics: &str) -> (u64, u64) {
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn with_a_warm_pool_a_previous_sessions_rkey_lands_nothing_either() {
-    let (warm, cold) = old_rkey_attack(Lab::start_with(4595, 9595, &["--warm-pool", "2"]));
+    let (warm, cold, _) = old_rkey_attack(Lab::start_with(4595, 9595, &["--warm-pool", "2"]));
     eprintln!("setups: {warm} warm, {cold} cold");
     // Sessions 2, 3 and 4 (the client's reconnects) found resources ready; session 1 made
     // its own and started the pool.

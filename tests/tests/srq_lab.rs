@@ -373,3 +373,95 @@ fn a_queue_pair_on_another_pds_shared_queue_is_refused_naming_the_queue() {
     QueuePair::create_on_srq(&srv.pd, &cq, &cq, &srq, srv.gid.clone(), CAPS)
         .expect("a QP of the SRQ's own PD");
 }
+
+/// The shared queue's credit (`secure_rdma::shared_queue`), attacked on rxe: a peer that SENDs
+/// without waiting for acknowledgements, into a server that takes none of them. Without a
+/// credit (the attack succeeding) every message piles up in the server's memory, routed to the
+/// flooded session's inbox; with a credit of 4, the fifth cuts that QP off, what it sends after
+/// is dropped and counted, and a calm session on the same queue goes on receiving.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_peer_sending_beyond_its_credit_on_a_shared_queue_is_cut_off_and_the_others_go_on() {
+    use secure_rdma::shared_queue::{InboxError, SharedQueue};
+    require_lab();
+    const FLOOD: usize = 40;
+    runtime().block_on(async {
+        let (srv, cli) = (end(ADDR_A), end(ADDR_B));
+        for credit in [usize::MAX, 4] {
+            let shared = SharedQueue::new(srv.pd.device(), 64, SLOT).expect("shared queue");
+            let send_cq = CompletionQueue::new(srv.pd.device(), 64).expect("send CQ");
+            let (flood_qp, mut flood) = shared
+                .attach(&send_cq, srv.gid.clone(), CAPS, credit)
+                .expect("flooded QP");
+            let (calm_qp, mut calm) = shared
+                .attach(&send_cq, srv.gid.clone(), CAPS, 4)
+                .expect("calm QP");
+            let peer = || {
+                let cq = CompletionQueue::new(cli.pd.device(), 64).expect("client CQ");
+                let qp = QueuePair::create(&cli.pd, &cq, &cq, cli.gid.clone(), CAPS)
+                    .and_then(|q| q.into_init(false))
+                    .expect("client QP");
+                (qp, cq)
+            };
+            let ((fc, fcq), (cc, ccq)) = (peer(), peer());
+            let (_flood_qp, mut fc) = connect(flood_qp, fc, (0x30_0000, 0x40_0000));
+            let (_calm_qp, mut cc) = connect(calm_qp, cc, (0x31_0000, 0x41_0000));
+            let buf = MemoryRegion::new(&cli.pd, FLOOD * SLOT, MrAccess::Local).expect("MR");
+            // The flood: every SEND acknowledged by rxe (so it reached the server's queue),
+            // none by the application, which never reads.
+            let mut in_flight = 0;
+            for k in 0..FLOOD {
+                let msg = format!("flood {k}");
+                buf.write(k * SLOT, msg.as_bytes()).expect("fill");
+                if in_flight == 8 {
+                    fcq.next_ok("a flood SEND", WAIT).await.expect("completion");
+                    in_flight -= 1;
+                }
+                fc.post_send(k as u64, &buf, k * SLOT..k * SLOT + msg.len())
+                    .expect("post");
+                in_flight += 1;
+            }
+            for _ in 0..in_flight {
+                fcq.next_ok("a flood SEND", WAIT).await.expect("completion");
+            }
+            // The calm peer, one message at a time: its arrival also proves the pump routed
+            // every flood message before it (one CQ, one pump, in completion order).
+            for k in 0..10 {
+                let msg = format!("calm {k}");
+                buf.write(0, msg.as_bytes()).expect("fill");
+                cc.post_send(k, &buf, 0..msg.len()).expect("post");
+                ccq.next_ok("a calm SEND", WAIT).await.expect("completion");
+                let got = calm.next_within(WAIT).await.expect("the calm peer's message");
+                assert_eq!(got.data, msg.as_bytes());
+            }
+            let stats = shared.stats();
+            if credit == usize::MAX {
+                // Without the defence: the whole flood sits in the server's memory.
+                assert_eq!(flood.waiting(), FLOOD, "{stats:?}");
+                assert_eq!((stats.over_credit, stats.unrouted), (0, 0), "{stats:?}");
+                eprintln!("no credit: {FLOOD} flood messages waiting in the server");
+            } else {
+                // With it: four waiting, the fifth cut the QP off, the rest dropped.
+                assert_eq!(flood.waiting(), 4, "{stats:?}");
+                assert_eq!(
+                    (stats.over_credit, stats.unrouted),
+                    (1, (FLOOD - 5) as u64),
+                    "{stats:?}"
+                );
+                for k in 0..4 {
+                    let got = flood.next_within(WAIT).await.expect("within the credit");
+                    assert_eq!(got.data, format!("flood {k}").as_bytes());
+                }
+                assert_eq!(
+                    flood.next_within(WAIT).await,
+                    Err(InboxError::OverCredit { credit: 4 })
+                );
+                eprintln!(
+                    "credit 4: 4 flood messages kept, the QP cut off, {} dropped; the calm peer got its 10",
+                    stats.unrouted
+                );
+            }
+            drop((fcq, ccq));
+        }
+    });
+}

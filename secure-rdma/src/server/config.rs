@@ -111,6 +111,12 @@ pub struct ServerConfig {
     /// one session. They are the server's objects while they wait (no tenant's quota counts
     /// them until a session takes one). 0, the default, makes every session's on its path.
     pub warm_pool: usize,
+    /// Receive slots of one shared receive queue per device that every session and lane
+    /// takes its receives from ([`crate::shared_queue`]), instead of a receive queue, receive
+    /// slots and a receive CQ of each session's own; sessions then share one protection
+    /// domain, so they need memory windows. 0, the default, gives each session its own. The
+    /// warm pool does not serve sessions on the shared queue.
+    pub shared_receive_queue: usize,
 }
 
 impl ServerConfig {
@@ -152,6 +158,7 @@ impl ServerConfig {
             max_lanes_per_identity: crate::lanes::DEFAULT_MAX_LANES_PER_IDENTITY,
             setup_watch: crate::setup_watch::SetupWatchConfig::default(),
             warm_pool: 0,
+            shared_receive_queue: 0,
         }
     }
 
@@ -333,6 +340,20 @@ impl ServerConfig {
     /// ```
     pub fn with_warm_pool(mut self, resources: usize) -> Self {
         self.warm_pool = resources;
+        self
+    }
+
+    /// Sets [`shared_receive_queue`](Self::shared_receive_queue).
+    ///
+    /// ```
+    /// use secure_rdma::server::ServerConfig;
+    ///
+    /// let config = ServerConfig::new("0.0.0.0:4433".parse().unwrap(), "certs".as_ref())
+    ///     .with_shared_receive_queue(4096);
+    /// assert_eq!(config.shared_receive_queue, 4096);
+    /// ```
+    pub fn with_shared_receive_queue(mut self, slots: usize) -> Self {
+        self.shared_receive_queue = slots;
         self
     }
 

@@ -229,11 +229,10 @@ impl<'a> LaneContext<'a> {
             .map_err(|e| setup_failed(format!("TLS exporter: {e}")))?;
         let (prepared, path) =
             self.shared
-                .warm
                 .prepare(&self.device, &self.sgid, secrets, self.session_cfg);
         self.shared
             .metrics
-            .rdma_setup(path.name(), self.shared.warm.stats().ready);
+            .rdma_setup(path, self.shared.warm.stats().ready);
         let prepared = prepared.map_err(|e| setup_failed(e.to_string()))?;
         let unconfirmed = prepared
             .connect(req.endpoint)

@@ -83,6 +83,10 @@ struct Shared {
     devices: Devices,
     /// Session resources made ahead ([`crate::warm`]), when configured.
     warm: crate::warm::WarmPools,
+    /// The shared receive queue of each device, made by the first session that needs it,
+    /// when configured ([`ServerConfig::shared_receive_queue`]).
+    shared_queues:
+        std::sync::Mutex<std::collections::HashMap<String, Arc<crate::shared_queue::SharedQueue>>>,
     slots: Arc<Semaphore>,
     /// Connections not yet admitted, in all and per source address.
     pending: Arc<Semaphore>,
@@ -108,6 +112,46 @@ pub struct Server {
     listener: TcpListener,
     /// Shared with the client tasks once [`Server::run`] starts them.
     shared: Shared,
+}
+
+impl Shared {
+    /// A session's (or lane's) resources with its `secrets`: on the device's shared receive
+    /// queue when one is configured, else from the warm pool or made now; and the metrics'
+    /// name for where they came from (`shared`, `warm` or `cold`).
+    fn prepare(
+        &self,
+        device: &Arc<crate::verbs::Device>,
+        sgid: &crate::verbs::GidEntry,
+        secrets: crate::session::Secrets,
+        config: crate::session::SessionConfig,
+    ) -> (
+        Result<crate::session::Prepared, crate::session::SessionError>,
+        &'static str,
+    ) {
+        if self.config.shared_receive_queue == 0 {
+            let (prepared, path) = self.warm.prepare(device, sgid, secrets, config);
+            return (prepared, path.name());
+        }
+        let queue = {
+            let mut queues = self.shared_queues.lock().unwrap_or_else(|p| p.into_inner());
+            match queues.get(device.name()) {
+                Some(q) => Ok(Arc::clone(q)),
+                None => crate::shared_queue::SharedQueue::new(
+                    device,
+                    self.config.shared_receive_queue,
+                    config.shape().slot_len(),
+                )
+                .inspect(|q| {
+                    tracing::info!(device = %device.name(), slots = q.slots(), slot_len = q.slot_len(), "shared receive queue made");
+                    queues.insert(device.name().to_owned(), Arc::clone(q));
+                }),
+            }
+        };
+        let prepared = queue
+            .map_err(crate::session::SessionError::from)
+            .and_then(|q| crate::session::Prepared::on_shared(&q, sgid.clone(), secrets, config));
+        (prepared, "shared")
+    }
 }
 
 impl Server {
@@ -198,6 +242,7 @@ impl Server {
             cgroup_id: crate::quota::cgroup::id_of(std::process::id()).unwrap_or(0),
             devices: Devices::new(fixed, config.gid_index),
             warm: crate::warm::WarmPools::new(config.warm_pool),
+            shared_queues: std::sync::Mutex::default(),
             tls,
             metrics: ServerMetrics::default(),
             streams: Arc::new(streams::Streams::new(config.resume_window)),

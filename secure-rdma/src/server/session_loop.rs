@@ -124,8 +124,8 @@ pub(super) async fn serve_session(
         let _ = send_within(&mut chan, &Message::Abort { reason }, courtesy).await;
         return Outcome::Failed;
     }
-    let (prepared, path) = shared.warm.prepare(&device, &sgid, secrets, session_cfg);
-    metrics.rdma_setup(path.name(), shared.warm.stats().ready);
+    let (prepared, path) = shared.prepare(&device, &sgid, secrets, session_cfg);
+    metrics.rdma_setup(path, shared.warm.stats().ready);
     let setup = async { Session::establish_prepared(&mut chan, prepared?).await };
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,

@@ -353,6 +353,13 @@ impl CompletionQueue {
         }
     }
 
+    /// The next completion, whatever its status, without a timeout: for a task whose whole
+    /// job is this CQ (a shared queue's pump). Cancel-safe: a completion is taken from the
+    /// device only when it is returned.
+    pub async fn next_unbounded(&self) -> Result<Completion, VerbsError> {
+        self.wait().await
+    }
+
     async fn wait(&self) -> Result<Completion, VerbsError> {
         if self.busy.load(Ordering::Relaxed) {
             return self.busy_wait().await;

@@ -1,0 +1,619 @@
+//! Receives of many queue pairs through one shared receive queue and one completion queue,
+//! routed to each queue pair by its number: the scalable server's receive side.
+//!
+//! A session with its own receive queue keeps its slots posted and its two CQs for its whole
+//! life: rxe's rings alone are 44 KiB per session, and 16 slots of 4 KiB sit idle in each. On a
+//! [`SharedQueue`], every queue pair made with [`SharedQueue::attach`] takes its receives from
+//! one [`SharedReceiveQueue`] of `slots` receives and reports them to one CQ. One task, the
+//! pump, polls that CQ: for each receive it copies the bytes out of the slot, posts the slot
+//! again, and hands the message to the queue pair's [`Inbox`], in the order the CQ reported
+//! them (an RC queue pair's receives complete in order, and a session counts on it).
+//!
+//! **Isolation.** Every queue pair on one shared queue is on its protection domain: a memory
+//! region's rkey granting remote access would then be usable from any of them. A queue pair
+//! attached here may therefore only grant remote access through a type 2 memory window bound
+//! to itself (`tests/tests/srq_lab.rs` shows another session's window rkey refused on a shared
+//! PD where a region's rkey lands); [`SharedQueue::new`] refuses a device without them.
+//!
+//! **Credit.** A queue pair may have at most its credit of messages waiting in its inbox, the
+//! receive slots its peer was told it has. A peer that sends beyond that is not waiting for its
+//! acknowledgements: its inbox is closed with [`InboxError::OverCredit`] and its message dropped,
+//! so that one tenant's flood cannot pile up in the server's memory. Receives it takes from the
+//! shared queue while it is over its credit are posted again at once. A flood can still take
+//! every posted receive for a moment; the others' messages then wait in their senders' RNR
+//! retries (the queue pairs retry without limit), never lost.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::psn::Qpn;
+use crate::verbs::{
+    Completion, CompletionQueue, Device, GidEntry, Init, MemoryRegion, MrAccess, ProtectionDomain,
+    QpCaps, QueuePair, SharedReceiveQueue, VerbsError, WcOpcode, WcStatus,
+};
+
+/// Why an [`Inbox`] has no next message.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InboxError {
+    /// A receive of this queue pair completed with an error status.
+    #[error("receive {wr_id} on the shared queue completed with error: {status}")]
+    Completion {
+        /// The shared queue's slot of the receive.
+        wr_id: u64,
+        /// The receive's status.
+        status: WcStatus,
+    },
+    /// The peer sent more messages than the receive slots it was given, without waiting for
+    /// their acknowledgements.
+    #[error("the peer sent beyond its credit of {credit} receives (it does not wait for acknowledgements); its queue pair is cut off")]
+    OverCredit {
+        /// The receives the peer may have in flight.
+        credit: usize,
+    },
+    /// The shared queue's pump stopped (its CQ failed, or the queue was dropped).
+    #[error("the shared receive queue stopped: {0}")]
+    Stopped(String),
+    /// Nothing arrived in time.
+    #[error("nothing arrived within {0:?}")]
+    Timeout(Duration),
+}
+
+/// One message routed to a queue pair: a SEND's bytes, or a WRITE WITH IMMEDIATE's immediate
+/// (its bytes are in the writer's target region, not in a receive slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incoming {
+    /// [`WcOpcode::Recv`] or [`WcOpcode::RecvRdmaWithImm`].
+    pub opcode: WcOpcode,
+    /// The bytes of a SEND, copied out of its slot (empty for a WRITE).
+    pub data: Vec<u8>,
+    /// The immediate of a WRITE WITH IMMEDIATE.
+    pub imm: Option<u32>,
+}
+
+type Delivery = Result<Incoming, InboxError>;
+
+struct Route {
+    tx: mpsc::UnboundedSender<Delivery>,
+    /// Messages in the inbox not yet taken.
+    waiting: Arc<AtomicUsize>,
+    credit: usize,
+}
+
+#[derive(Default)]
+struct Routes {
+    by_qpn: Mutex<HashMap<u32, Route>>,
+    /// Receives for a queue pair no longer attached (it ended while they were in the CQ).
+    unrouted: AtomicU64,
+    /// Queue pairs cut off for sending beyond their credit.
+    over_credit: AtomicU64,
+}
+
+impl Routes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Route>> {
+        self.by_qpn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deliver(&self, qpn: u32, delivery: Delivery) {
+        let mut routes = self.lock();
+        let Some(route) = routes.get(&qpn) else {
+            self.unrouted.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                qpn,
+                "a receive for a queue pair no longer attached; dropped"
+            );
+            return;
+        };
+        if delivery.is_ok() && route.waiting.load(Ordering::Acquire) >= route.credit {
+            let credit = route.credit;
+            self.over_credit.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                qpn,
+                credit,
+                "a peer sent beyond its credit; its queue pair is cut off"
+            );
+            let _ = route.tx.send(Err(InboxError::OverCredit { credit }));
+            routes.remove(&qpn);
+            return;
+        }
+        if delivery.is_ok() {
+            route.waiting.fetch_add(1, Ordering::AcqRel);
+        }
+        if route.tx.send(delivery).is_err() {
+            routes.remove(&qpn);
+        }
+    }
+}
+
+/// Routes `qpn`'s messages to a new inbox, at most `credit` of them waiting.
+fn attach(
+    routes: &Arc<Routes>,
+    qpn: Qpn,
+    credit: usize,
+    requests: mpsc::UnboundedSender<Request>,
+) -> Inbox {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let waiting = Arc::new(AtomicUsize::new(0));
+    routes.lock().insert(
+        qpn.get(),
+        Route {
+            tx,
+            waiting: Arc::clone(&waiting),
+            credit: credit.max(1),
+        },
+    );
+    Inbox {
+        qpn,
+        rx,
+        waiting,
+        routes: Arc::downgrade(routes),
+        requests,
+    }
+}
+
+/// What the pump is asked besides its CQ's events.
+enum Request {
+    /// Route everything the CQ holds now, then answer.
+    Sync(oneshot::Sender<()>),
+}
+
+/// Counts of a [`SharedQueue`], for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SharedQueueStats {
+    /// Queue pairs attached now.
+    pub attached: usize,
+    /// Receives that arrived for a queue pair no longer attached.
+    pub unrouted: u64,
+    /// Queue pairs cut off for sending beyond their credit.
+    pub over_credit: u64,
+}
+
+/// One shared receive queue of `slots` receives and the CQ they complete on, with the pump
+/// that routes each message to its queue pair's [`Inbox`].
+///
+/// ```no_run
+/// # async fn f(device: std::sync::Arc<secure_rdma::verbs::Device>,
+/// #            gid: secure_rdma::verbs::GidEntry) -> Result<(), Box<dyn std::error::Error>> {
+/// use secure_rdma::shared_queue::SharedQueue;
+/// use secure_rdma::verbs::{CompletionQueue, QpCaps};
+/// // 1,024 receives of 4 KiB for every queue pair attached below.
+/// let shared = SharedQueue::new(&device, 1024, 4096)?;
+/// let send_cq = CompletionQueue::new(&device, 32)?;
+/// let (qp, mut inbox) = shared.attach(&send_cq, gid, QpCaps::default(), 16)?;
+/// // ... connect `qp` to its peer; then each message it receives:
+/// let message = inbox.next().await?;
+/// # Ok(()) }
+/// ```
+pub struct SharedQueue {
+    pd: Arc<ProtectionDomain>,
+    srq: Arc<SharedReceiveQueue>,
+    cq: Arc<CompletionQueue>,
+    slot_len: usize,
+    slots: usize,
+    routes: Arc<Routes>,
+    requests: mpsc::UnboundedSender<Request>,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for SharedQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedQueue")
+            .field("slots", &self.slots)
+            .field("slot_len", &self.slot_len)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Drop for SharedQueue {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
+}
+
+impl SharedQueue {
+    /// Makes a protection domain, a shared receive queue of `slots` receives of `slot_len`
+    /// bytes each (all posted), and the CQ they complete on, on `device`, and starts the pump
+    /// on the current tokio runtime.
+    ///
+    /// Refused on a device without type 2 memory windows: queue pairs sharing a protection
+    /// domain may only grant remote access through windows bound to themselves.
+    pub fn new(
+        device: &Arc<Device>,
+        slots: usize,
+        slot_len: usize,
+    ) -> Result<Arc<SharedQueue>, SharedQueueError> {
+        if !device.has_type2_windows() {
+            return Err(SharedQueueError::NoWindows(device.name().to_owned()));
+        }
+        let slots = slots.max(1);
+        let depth = u32::try_from(slots).map_err(|_| SharedQueueError::TooLarge(slots))?;
+        let pd = device.alloc_pd()?;
+        let cq = CompletionQueue::new(device, depth)?;
+        let srq = SharedReceiveQueue::new(&pd, depth)?;
+        let len = slots
+            .checked_mul(slot_len.max(1))
+            .ok_or(SharedQueueError::TooLarge(slots))?;
+        let mr = MemoryRegion::new(&pd, len, MrAccess::Local)?;
+        for slot in 0..slots {
+            srq.post_recv(slot as u64, &mr, slot * slot_len..(slot + 1) * slot_len)?;
+        }
+        let routes = Arc::new(Routes::default());
+        let (requests, rx) = mpsc::unbounded_channel();
+        let pump = tokio::spawn(pump(
+            Arc::clone(&cq),
+            Arc::clone(&srq),
+            mr,
+            slot_len,
+            Arc::clone(&routes),
+            rx,
+        ));
+        Ok(Arc::new(SharedQueue {
+            pd,
+            srq,
+            cq,
+            slot_len,
+            slots,
+            routes,
+            requests,
+            pump,
+        }))
+    }
+
+    /// The protection domain every queue pair attached here, and every memory region it uses,
+    /// must belong to.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// Bytes of one receive slot: the largest message a queue pair attached here may receive.
+    pub fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+
+    /// Receives the queue keeps posted.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Makes a queue pair in INIT on this queue's protection domain that sends through
+    /// `send_cq` and takes its receives from this queue, and the [`Inbox`] its messages are
+    /// routed to; `credit` bounds the messages waiting there (the receive slots its peer is
+    /// told it has). Detached when the inbox is dropped.
+    pub fn attach(
+        &self,
+        send_cq: &Arc<CompletionQueue>,
+        sgid: GidEntry,
+        caps: QpCaps,
+        credit: usize,
+    ) -> Result<(QueuePair<Init>, Inbox), SharedQueueError> {
+        self.attach_with(send_cq, sgid, caps, credit, false)
+    }
+
+    /// [`SharedQueue::attach`] with remote write access on the queue pair (granted only
+    /// through memory windows bound to it).
+    pub fn attach_with(
+        &self,
+        send_cq: &Arc<CompletionQueue>,
+        sgid: GidEntry,
+        caps: QpCaps,
+        credit: usize,
+        remote_write: bool,
+    ) -> Result<(QueuePair<Init>, Inbox), SharedQueueError> {
+        let qp = QueuePair::create_on_srq(&self.pd, send_cq, &self.cq, &self.srq, sgid, caps)?
+            .into_init(remote_write)?;
+        let inbox = attach(&self.routes, qp.qpn(), credit, self.requests.clone());
+        Ok((qp, inbox))
+    }
+
+    /// What the queue counted so far.
+    pub fn stats(&self) -> SharedQueueStats {
+        SharedQueueStats {
+            attached: self.routes.lock().len(),
+            unrouted: self.routes.unrouted.load(Ordering::Relaxed),
+            over_credit: self.routes.over_credit.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Errors of making a [`SharedQueue`] or attaching to one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SharedQueueError {
+    /// A verbs call failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The device cannot bind memory windows to a queue pair.
+    #[error("{0} has no type 2 memory windows: queue pairs sharing a protection domain could reach each other's memory through a region's rkey; use a receive queue per session")]
+    NoWindows(String),
+    /// More slots than a verb can count.
+    #[error("{0} receive slots are more than the device can be asked for")]
+    TooLarge(usize),
+}
+
+/// The messages routed to one queue pair on a [`SharedQueue`], in the order they arrived.
+/// Dropping it detaches the queue pair (what still arrives for it is dropped and counted).
+pub struct Inbox {
+    qpn: Qpn,
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    waiting: Arc<AtomicUsize>,
+    routes: Weak<Routes>,
+    requests: mpsc::UnboundedSender<Request>,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("qpn", &self.qpn)
+            .field("waiting", &self.waiting())
+            .finish()
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        if let Some(routes) = self.routes.upgrade() {
+            routes.lock().remove(&self.qpn.get());
+        }
+    }
+}
+
+impl Inbox {
+    /// The next message for this queue pair (cancel-safe).
+    pub async fn next(&mut self) -> Result<Incoming, InboxError> {
+        let delivery = self.rx.recv().await.unwrap_or_else(|| {
+            Err(InboxError::Stopped(
+                "the pump ended or the queue pair was cut off".into(),
+            ))
+        });
+        self.taken(&delivery);
+        delivery
+    }
+
+    /// [`Inbox::next`], at most `timeout`.
+    pub async fn next_within(&mut self, timeout: Duration) -> Result<Incoming, InboxError> {
+        tokio::time::timeout(timeout, self.next())
+            .await
+            .unwrap_or(Err(InboxError::Timeout(timeout)))
+    }
+
+    fn taken(&self, delivery: &Delivery) {
+        if delivery.is_ok() {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Messages routed here and not taken yet.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Waits (at most `timeout`) until the pump has routed every completion its CQ holds now,
+    /// then takes and counts the messages waiting here: for a queue pair already in ERROR,
+    /// nothing more can arrive, so these are all the messages that landed and were not taken.
+    pub async fn discard_all(&mut self, timeout: Duration) -> Result<usize, InboxError> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Sync(tx))
+            .map_err(|_| InboxError::Stopped("the pump ended".into()))?;
+        tokio::time::timeout(timeout, rx)
+            .await
+            .map_err(|_| InboxError::Timeout(timeout))?
+            .map_err(|_| InboxError::Stopped("the pump ended".into()))?;
+        let mut discarded = 0;
+        while let Ok(delivery) = self.rx.try_recv() {
+            self.taken(&delivery);
+            discarded += usize::from(delivery.is_ok());
+        }
+        Ok(discarded)
+    }
+}
+
+/// Routes `wc` and posts its slot again.
+fn route(
+    wc: Completion,
+    srq: &SharedReceiveQueue,
+    mr: &Arc<MemoryRegion>,
+    slot_len: usize,
+    routes: &Routes,
+) -> Result<(), VerbsError> {
+    let slots = mr.len() / slot_len.max(1);
+    let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
+    if slot >= slots {
+        // Not a receive we posted: nothing to post again, and nobody to give it to.
+        tracing::warn!(
+            wr_id = wc.wr_id,
+            "a completion for an unknown shared receive"
+        );
+        return Ok(());
+    }
+    let delivery = if !wc.status.is_success() {
+        Err(InboxError::Completion {
+            wr_id: wc.wr_id,
+            status: wc.status,
+        })
+    } else {
+        match wc.opcode {
+            WcOpcode::Recv => {
+                let len = (wc.byte_len as usize).min(slot_len);
+                let data = mr.read(slot * slot_len, len)?;
+                Ok(Incoming {
+                    opcode: wc.opcode,
+                    data,
+                    imm: None,
+                })
+            }
+            WcOpcode::RecvRdmaWithImm => Ok(Incoming {
+                opcode: wc.opcode,
+                data: Vec::new(),
+                imm: wc.imm_data,
+            }),
+            other => Ok(Incoming {
+                opcode: other,
+                data: Vec::new(),
+                imm: None,
+            }),
+        }
+    };
+    // The bytes are copied out: the slot serves the next message, whoever's.
+    srq.post_recv(wc.wr_id, mr, slot * slot_len..(slot + 1) * slot_len)?;
+    routes.deliver(wc.qp_num, delivery);
+    Ok(())
+}
+
+/// The one consumer of the shared CQ, so each queue pair's messages are routed in the order
+/// they completed.
+async fn pump(
+    cq: Arc<CompletionQueue>,
+    srq: Arc<SharedReceiveQueue>,
+    mr: Arc<MemoryRegion>,
+    slot_len: usize,
+    routes: Arc<Routes>,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+) {
+    let stop = |why: String| {
+        tracing::error!(error = %why, "the shared receive queue's pump stopped");
+        let mut by_qpn = routes.lock();
+        for (_, route) in by_qpn.drain() {
+            let _ = route.tx.send(Err(InboxError::Stopped(why.clone())));
+        }
+    };
+    loop {
+        tokio::select! {
+            // A wait on the CQ takes a completion only when it returns it, so a request
+            // arriving first loses none.
+            wc = cq.next_unbounded() => {
+                let routed = wc.and_then(|wc| route(wc, &srq, &mr, slot_len, &routes));
+                if let Err(e) = routed {
+                    return stop(e.to_string());
+                }
+            }
+            request = requests.recv() => {
+                let Some(Request::Sync(answer)) = request else { return };
+                loop {
+                    match cq.try_next() {
+                        Ok(Some(wc)) => {
+                            if let Err(e) = route(wc, &srq, &mr, slot_len, &routes) {
+                                return stop(e.to_string());
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => return stop(e.to_string()),
+                    }
+                }
+                let _ = answer.send(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(text: &str) -> Delivery {
+        Ok(Incoming {
+            opcode: WcOpcode::Recv,
+            data: text.as_bytes().to_vec(),
+            imm: None,
+        })
+    }
+
+    fn inbox(routes: &Arc<Routes>, qpn: u32, credit: usize) -> Inbox {
+        let (requests, _) = mpsc::unbounded_channel();
+        attach(routes, Qpn::new(qpn).expect("a QPN"), credit, requests)
+    }
+
+    #[tokio::test]
+    async fn each_queue_pair_gets_its_own_messages_in_the_order_they_completed() {
+        let routes = Arc::new(Routes::default());
+        let mut a = inbox(&routes, 0x11, 16);
+        let mut b = inbox(&routes, 0x12, 16);
+        for (qpn, text) in [
+            (0x11, "a1"),
+            (0x12, "b1"),
+            (0x11, "a2"),
+            (0x12, "b2"),
+            (0x11, "a3"),
+        ] {
+            routes.deliver(qpn, send(text));
+        }
+        for (inbox, want) in [
+            (&mut a, &["a1", "a2", "a3"][..]),
+            (&mut b, &["b1", "b2"][..]),
+        ] {
+            assert_eq!(inbox.waiting(), want.len());
+            for w in want {
+                assert_eq!(inbox.next().await.expect("a message").data, w.as_bytes());
+            }
+            assert_eq!(inbox.waiting(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peer_beyond_its_credit_is_cut_off_and_others_go_on() {
+        let routes = Arc::new(Routes::default());
+        let mut flood = inbox(&routes, 0x11, 2);
+        let mut calm = inbox(&routes, 0x12, 2);
+        // Taken as they come: never more than the credit waiting, however many in all.
+        for i in 0..10 {
+            routes.deliver(0x12, send(&format!("calm {i}")));
+            assert_eq!(
+                calm.next().await.expect("within credit").data,
+                format!("calm {i}").as_bytes()
+            );
+        }
+        // Two waiting is the credit; a third is a sender that does not wait for its acks.
+        for text in ["f1", "f2", "f3", "f4"] {
+            routes.deliver(0x11, send(text));
+        }
+        assert_eq!(flood.next().await.expect("first").data, b"f1");
+        assert_eq!(flood.next().await.expect("second").data, b"f2");
+        assert_eq!(
+            flood.next().await,
+            Err(InboxError::OverCredit { credit: 2 })
+        );
+        // Cut off: what still comes for it is nobody's.
+        assert!(flood.next().await.is_err());
+        let stats = (
+            routes.over_credit.load(Ordering::Relaxed),
+            routes.unrouted.load(Ordering::Relaxed),
+        );
+        assert_eq!(stats, (1, 1), "one cut off, f4 unrouted");
+        routes.deliver(0x12, send("calm after"));
+        assert_eq!(
+            calm.next().await.expect("the other goes on").data,
+            b"calm after"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_inbox_detaches_and_its_late_messages_are_counted_not_kept() {
+        let routes = Arc::new(Routes::default());
+        let gone = inbox(&routes, 0x11, 4);
+        assert_eq!(routes.lock().len(), 1);
+        drop(gone);
+        assert_eq!(routes.lock().len(), 0);
+        routes.deliver(0x11, send("late"));
+        assert_eq!(routes.unrouted.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn an_error_completion_reaches_its_queue_pair_without_using_credit() {
+        let routes = Arc::new(Routes::default());
+        let mut a = inbox(&routes, 0x11, 1);
+        let failed = Err(InboxError::Completion {
+            wr_id: 3,
+            status: WcStatus(5),
+        });
+        routes.deliver(0x11, failed.clone());
+        assert_eq!(a.waiting(), 0);
+        assert_eq!(a.next().await, failed);
+        routes.deliver(0x11, send("next"));
+        assert_eq!(a.next().await.expect("still within credit").data, b"next");
+    }
+}

@@ -1,0 +1,242 @@
+//! Issue 22's scalable server on real Soft-RoCE: sessions whose receives all come from one
+//! shared receive queue (`--shared-receive-queue SLOTS`), reported on one CQ and routed to each
+//! session by its QP number.
+//!
+//! - Three clients at once (one stream on one QP, one on two lanes, one `secure-client` making
+//!   SENDs and WRITEs) through a queue of 32 receives, fewer than their 48 credits together:
+//!   every operation is delivered exactly once (in order on a single QP), and every session and
+//!   lane was set up on the shared queue.
+//! - The server's memory per held session, with and without the shared queue, in one VM boot.
+//!
+//! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use secure_rdma_tests::example::MessageServer;
+use secure_rdma_tests::piped::Piped;
+use secure_rdma_tests::secure::{client, sample, scrape, Pki, ServerProc};
+use secure_rdma_tests::stream::{
+    assert_exactly_once_any_order, assert_exactly_once_in_order, StreamRun, StreamSpec,
+};
+use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline};
+use serde_json::Value;
+
+const STEP: Duration = Duration::from_secs(180);
+
+/// rxe's count of a hardware counter on `dev` (port 1), 0 when it has none.
+fn hw_counter(dev: &str, name: &str) -> u64 {
+    std::fs::read_to_string(format!(
+        "/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}"
+    ))
+    .ok()
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn three_clients_through_one_shared_receive_queue_each_get_every_operation_exactly_once() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&[
+        "sq-one".to_owned(),
+        "sq-lanes".to_owned(),
+        "sq-cli".to_owned(),
+    ]);
+    // 32 receives for three sessions and a lane whose peers may have 16 each in flight: the
+    // queue runs dry under the two streams, and their senders wait in RNR retries.
+    let mut server =
+        MessageServer::start(pki.dir(), 4790, &["--ids", "--shared-receive-queue", "32"]);
+    let rnr_before = hw_counter("rxe-b", "rcvd_rnr_err");
+    let spec = |lanes| StreamSpec {
+        ops: 600,
+        rate: 0.0,
+        window: 16,
+        burst: 1,
+        timeout_secs: 20,
+        lanes,
+    };
+    let one = StreamRun::start(&pki, server.port, "sq-one", &spec(1));
+    let lanes = StreamRun::start(&pki, server.port, "sq-lanes", &spec(2));
+    // SENDs and WRITEs (a WRITE WITH IMMEDIATE consumes a shared receive too), each waited
+    // for, while the streams run.
+    let mut cli = Piped::secure_client(pki.dir(), server.port, "sq-cli", 20, &[]);
+    for i in 0..20 {
+        cli.op(&format!("send sq-send-{i}"));
+        cli.op(&format!("write sq-write-{i}"));
+    }
+    assert!(cli.quit_ok(), "secure-client did not quit cleanly");
+    for (run, name) in [(one, "sq-one"), (lanes, "sq-lanes")] {
+        let outcome = run.finish(STEP);
+        let s = &outcome.summary;
+        assert!(
+            outcome.status.success() && s.ok && s.acknowledged == 600 && s.losses == 0,
+            "{name}: {}\n{}\n{}",
+            outcome.status,
+            outcome.summary_line,
+            outcome.stderr
+        );
+    }
+    server.wait_until("1,240 deliveries", STEP, |m| m.deliveries().len() >= 1240);
+    let all = server.deliveries();
+    assert_exactly_once_in_order(&all, "sq-one", 600);
+    assert_exactly_once_any_order(&all, "sq-lanes", 600);
+    let cli_got: Vec<&str> = all
+        .iter()
+        .filter(|d| d.identity == "sq-cli")
+        .map(|d| d.content.as_str())
+        .collect();
+    let mut want = Vec::new();
+    for i in 0..20 {
+        want.push(format!("sq-send-{i}"));
+        want.push(format!("sq-write-{i}"));
+    }
+    assert_eq!(
+        cli_got, want,
+        "secure-client's operations, once each, in order"
+    );
+    assert_eq!(all.len(), 1240, "nothing else, nothing twice");
+    assert_eq!(server.auth_failures(), 0, "{}", server.context());
+    let rnr = hw_counter("rxe-b", "rcvd_rnr_err").saturating_sub(rnr_before);
+    server.signal(libc::SIGTERM);
+    let status = server.wait();
+    assert!(
+        status.success(),
+        "message_server: {status}\n{}",
+        server.context()
+    );
+    server.out.wait_closed(Duration::from_secs(10));
+    // Three sessions and sq-lanes' second lane, every one on the shared queue.
+    let setups = server
+        .out
+        .snapshot()
+        .into_iter()
+        .find(|l| l.starts_with("rdma setups:"))
+        .unwrap_or_else(|| panic!("no setup line:\n{}", server.context()));
+    assert_eq!(
+        setups,
+        "rdma setups: cold 0, warm 0, shared 4",
+        "{}",
+        server.context()
+    );
+    eprintln!(
+        "1,240 operations from 3 clients (4 QPs) through 32 shared receives: each once; \
+         {rnr} RNR NAKs received by the senders' rxe-b"
+    );
+}
+
+/// `bench hold -n N` against a `secure-server` with `flags`: the server's RSS growth per held
+/// session (its peak while the sessions are held, less its idle RSS), after checking that
+/// every session was established and delivered its message, counted by the server.
+fn server_kib_per_held_session(
+    pki: &Pki,
+    port: u16,
+    metrics_port: u16,
+    n: u64,
+    flags: &[&str],
+) -> (f64, Value) {
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let mut args = vec![
+        "--max-clients".to_owned(),
+        n.to_string(),
+        "--max-sessions-per-identity".to_owned(),
+        n.to_string(),
+        "--max-pending-per-address".to_owned(),
+        "16".to_owned(),
+        "--metrics".to_owned(),
+        metrics.clone(),
+    ];
+    args.extend(flags.iter().map(|f| (*f).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = ServerProc::start_with_log(pki, port, &args, "warn,secure_server=info");
+    let idle = server.rss_kib();
+    let what = format!("bench hold -n {n} against secure-server {flags:?}");
+    let mut cmd = client(pki, &server, Some("hold"));
+    cmd.args([
+        "bench",
+        "hold",
+        "-n",
+        &n.to_string(),
+        "--concurrency",
+        "16",
+        "--hold",
+        "2",
+        "--json",
+    ]);
+    let done = AtomicBool::new(false);
+    let (peak, out) = std::thread::scope(|s| {
+        let watch = s.spawn(|| {
+            let mut peak = idle;
+            while !done.load(Ordering::Relaxed) {
+                peak = peak.max(server.rss_kib());
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            peak
+        });
+        let out = wait_with_deadline(spawn(&mut cmd), Duration::from_secs(600), &what);
+        done.store(true, Ordering::Relaxed);
+        (watch.join().expect("rss watch"), out)
+    });
+    assert!(
+        out.status.success(),
+        "{what}: {:?}\n{}\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(text(&out.stdout).trim())
+        .unwrap_or_else(|e| panic!("{what}: {e}: {}", text(&out.stdout)));
+    assert_eq!(v["established"], n, "{what}: {v}");
+    assert_eq!(v["delivered"], n, "{what}: {v}");
+    let page = scrape(&metrics);
+    assert_eq!(
+        sample(
+            &page,
+            "secure_rdma_messages_received_total{tenant=\"hold\",op=\"send\"}"
+        ),
+        Some(n as f64),
+        "{what}: the server's count of the held sessions' messages"
+    );
+    let path = if flags.contains(&"--shared-receive-queue") {
+        "shared"
+    } else {
+        "cold"
+    };
+    assert_eq!(
+        sample(
+            &page,
+            &format!("secure_rdma_rdma_setups_total{{path=\"{path}\"}}")
+        ),
+        Some(n as f64),
+        "{what}: every session set up on the {path} path"
+    );
+    (peak.saturating_sub(idle) as f64 / n as f64, v)
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_server_on_a_shared_receive_queue_holds_each_session_in_less_memory() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["hold".to_owned()]);
+    let n: u64 = std::env::var("SHARED_HOLD_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let (own, _) = server_kib_per_held_session(&pki, 4791, 9791, n, &[]);
+    // 64 receives for all of them: made once, 0.9 KiB per session at 300.
+    let (shared, _) =
+        server_kib_per_held_session(&pki, 4792, 9792, n, &["--shared-receive-queue", "64"]);
+    eprintln!(
+        "server memory per held session, {n} sessions: {own:.1} KiB with a receive queue each, \
+         {shared:.1} KiB on one shared receive queue ({:.2}x)",
+        shared / own
+    );
+    // Each session's own 16 receive slots (66 KiB) and receive CQ and queue rings go: well
+    // over a quarter of what a session costs.
+    assert!(
+        shared < 0.75 * own,
+        "{shared:.1} KiB per session on the shared queue against {own:.1} KiB without"
+    );
+}
