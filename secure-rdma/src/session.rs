@@ -190,6 +190,31 @@ impl SessionConfig {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn admit(&self, quota: &TenantQuota) -> Result<SessionAdmission, Refusal> {
+        self.admit_calls(quota, false)
+    }
+
+    /// [`SessionConfig::admit`] for a session on a server's shared receive queue
+    /// ([`Resources::on_shared`]): it makes one CQ (for its sends) and two memory regions (send
+    /// and write slots), and no PD; the queue's PD, SRQ, CQ and receive slots are the server's,
+    /// counted against no tenant, as a warm pool's are until taken.
+    ///
+    /// ```
+    /// use secure_rdma::quota::{QuotaConfig, Quotas, TenantInfo};
+    /// use secure_rdma::session::SessionConfig;
+    ///
+    /// let quotas = Quotas::new(QuotaConfig::parse("tenant alice CQ_COUNT 1\n", "q")?);
+    /// let alice = quotas.register(TenantInfo { identity: "alice".into(), pid: 1, cgroup_id: 1 });
+    /// // A session of its own needs a send CQ and a receive CQ; on the shared queue, one.
+    /// assert!(SessionConfig::default().admit(&alice).is_err());
+    /// let held = SessionConfig::default().admit_on_shared(&alice)?;
+    /// # drop(held);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn admit_on_shared(&self, quota: &TenantQuota) -> Result<SessionAdmission, Refusal> {
+        self.admit_calls(quota, true)
+    }
+
+    fn admit_calls(&self, quota: &TenantQuota, shared: bool) -> Result<SessionAdmission, Refusal> {
         let (bs, slots) = self.layout();
         let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         // The QP first: it is what operators limit most, and its refusal
@@ -198,19 +223,18 @@ impl SessionConfig {
         for _ in 0..3 {
             held.push(quota.admit(Verb::QpModify)?);
         }
-        held.push(quota.admit(Verb::PdAlloc)?);
-        for _ in 0..2 {
+        if !shared {
+            held.push(quota.admit(Verb::PdAlloc)?);
+        }
+        for _ in 0..(if shared { 1 } else { 2 }) {
             held.push(quota.admit(Verb::CqCreate)?);
         }
         let (send_slots, write_slots) = self.slots();
         let data = self.accept_writes.then_some(bs.saturating_mul(write_slots));
-        for size in [
-            Some(bs.saturating_mul(send_slots)),
-            Some(bs.saturating_mul(slots)),
-            data,
-        ]
-        .into_iter()
-        .flatten()
+        let receive = (!shared).then_some(bs.saturating_mul(slots));
+        for size in [Some(bs.saturating_mul(send_slots)), receive, data]
+            .into_iter()
+            .flatten()
         {
             held.push(quota.admit_mr(bytes(size))?);
         }

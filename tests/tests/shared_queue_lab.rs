@@ -240,3 +240,52 @@ fn a_server_on_a_shared_receive_queue_holds_each_session_in_less_memory() {
         "{shared:.1} KiB per session on the shared queue against {own:.1} KiB without"
     );
 }
+
+/// The quota charges a session on the shared queue for what it makes itself: one CQ (for its
+/// sends) where a session with its own receive queue makes two; the queue's own PD, CQ and
+/// receive slots are the server's. With one CQ allowed, a session of its own is refused before
+/// anything is made, and the same client on the shared queue is served.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn on_the_shared_queue_a_session_is_charged_one_cq_not_two() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["sq-quota".to_owned()]);
+    let once = |server: &ServerProc| {
+        wait_with_deadline(
+            spawn(client(&pki, server, Some("sq-quota")).args([
+                "-e",
+                "send charged",
+                "-e",
+                "quit",
+            ])),
+            STEP,
+            "secure-client",
+        )
+    };
+    let own = ServerProc::start(&pki, 4793, &["--limit", "CQ_COUNT=1"]);
+    let out = once(&own);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("quota exceeded: CQ_COUNT limit 1"), "{err}");
+    drop(own);
+
+    let shared = ServerProc::start(
+        &pki,
+        4794,
+        &["--limit", "CQ_COUNT=1", "--shared-receive-queue", "32"],
+    );
+    let out = once(&shared);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let got: Vec<String> = shared
+        .delivered("SEND received")
+        .into_iter()
+        .map(|(_, _, content)| content)
+        .collect();
+    assert_eq!(got, ["charged"], "{}", shared.log.snapshot().join("\n"));
+}

@@ -398,7 +398,11 @@ pub(super) async fn admit(
                 pid: std::process::id(),
                 cgroup_id: shared.cgroup_id,
             });
-            match session_cfg.admit(&tenant) {
+            let admitted = match shared.config.shared_receive_queue {
+                0 => session_cfg.admit(&tenant),
+                _ => session_cfg.admit_on_shared(&tenant),
+            };
+            match admitted {
                 Ok(admission) => Some((admission, tenant)),
                 Err(refusal) => {
                     tracing::warn!(

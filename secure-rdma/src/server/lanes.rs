@@ -207,7 +207,11 @@ impl<'a> LaneContext<'a> {
                     pid: std::process::id(),
                     cgroup_id: self.shared.cgroup_id,
                 });
-                match self.session_cfg.admit(&tenant) {
+                let admitted = match self.shared.config.shared_receive_queue {
+                    0 => self.session_cfg.admit(&tenant),
+                    _ => self.session_cfg.admit_on_shared(&tenant),
+                };
+                match admitted {
                     Ok(admission) => Some((admission, tenant)),
                     Err(refusal) => {
                         tracing::warn!(client = %self.identity, lane = req.lane, "INTERCEPTED: {refusal}");
