@@ -18,7 +18,8 @@
 #              against the busy-polling server and an event-driven one: ib_write_bw's
 #              passive side sleeps)
 # for SIZE in 64 B, 4 KiB, 64 KiB and 1 MiB; then, once, bench hold -n HOLD on a
-# secure-server --max-clients HOLD (memory per session on both ends), and the start
+# secure-server --max-clients HOLD (memory per session on both ends), again on one with
+# --shared-receive-queue 1024 (the sessions' receives from one shared queue), and the start
 # time of `secure-client --help` for the dev build (42 MB, debug info) and the
 # shipped release build, next to ibv_devinfo.
 #
@@ -64,7 +65,8 @@ while [ $# -gt 0 ]; do
                    echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2
                fi
                export VM_CPU=$2; shift 2 ;;
-        -h|--help) sed -n '2,48p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
+        # The help is the header comment, up to its first line that is not one.
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -308,34 +310,51 @@ kill -INT $BW; wait $BW || true
 kill -INT $WS; wait $WS || true
 kill $RPING 2>/dev/null; wait $RPING 2>/dev/null || true
 
-if [ "$HOLD" -gt 0 ]; then
-    echo "bench: holding $HOLD sessions" >&2
+# hold OP PORT SERVER_PID: bench hold -n HOLD against the server on PORT, rows under OP.
+hold() {
+    local op=$1 port=$2 server=$3 idle peak now hc j kind est
+    echo "bench: holding $HOLD sessions ($op)" >&2
     rss() { awk '/^VmRSS:/ { print $2 }' /proc/$1/status; }
-    idle=$(rss $HS)
-    "${CLIENT[@]/4800/4801}" bench hold -n "$HOLD" --concurrency 16 --hold 20 --json >"$WORK/hold.json" &
-    HC=$!
+    idle=$(rss "$server")
+    "${CLIENT[@]/4800/$port}" bench hold -n "$HOLD" --concurrency 16 --hold 20 --json >"$WORK/$op.json" &
+    hc=$!
     # The server's memory while all sessions are held: the peak over the hold.
     peak=$idle
-    while kill -0 $HC 2>/dev/null; do
-        now=$(rss $HS); [ "$now" -gt "$peak" ] && peak=$now
+    while kill -0 $hc 2>/dev/null; do
+        now=$(rss "$server"); [ "$now" -gt "$peak" ] && peak=$now
         sleep 0.5
     done
-    wait $HC
-    j=$(cat "$WORK/hold.json")
-    row 1 secure-rdma hold "$HOLD" protected established "$(jq .established <<<"$j")" sessions
-    row 1 secure-rdma hold "$HOLD" protected delivered "$(jq .delivered <<<"$j")" sessions
-    row 1 secure-rdma hold "$HOLD" protected setup_ms "$(jq .setup_ms <<<"$j")" ms
-    row 1 secure-rdma hold "$HOLD" protected client_rss_per_session_kib "$(jq .rss_per_session_kib <<<"$j")" KiB
+    wait $hc
+    j=$(cat "$WORK/$op.json")
+    row 1 secure-rdma "$op" "$HOLD" protected established "$(jq .established <<<"$j")" sessions
+    row 1 secure-rdma "$op" "$HOLD" protected delivered "$(jq .delivered <<<"$j")" sessions
+    row 1 secure-rdma "$op" "$HOLD" protected setup_ms "$(jq .setup_ms <<<"$j")" ms
+    row 1 secure-rdma "$op" "$HOLD" protected client_rss_per_session_kib "$(jq .rss_per_session_kib <<<"$j")" KiB
     # What the client's share is made of: rxe's rings mapped from the device, anonymous memory.
     for kind in rdma_queues anonymous; do
-        row 1 secure-rdma hold "$HOLD" protected "client_${kind}_per_session_kib" \
+        row 1 secure-rdma "$op" "$HOLD" protected "client_${kind}_per_session_kib" \
             "$(jq ".per_session_kib_by_kind.${kind} // 0" <<<"$j")" KiB
     done
     est=$(jq .established <<<"$j")
-    [ "$est" -gt 0 ] && row 1 secure-rdma hold "$HOLD" protected server_rss_per_session_kib \
+    [ "$est" -gt 0 ] && row 1 secure-rdma "$op" "$HOLD" protected server_rss_per_session_kib \
         "$(( (peak - idle) / est ))" KiB
+    return 0
+}
+if [ "$HOLD" -gt 0 ]; then
+    hold hold 4801 $HS
 fi
 kill -INT $HS; wait $HS || true
+# The same hold on a server whose sessions take their receives from one shared receive queue
+# (its 1,024 receives made once, 4 MiB for all the sessions).
+if [ "$HOLD" -gt 0 ]; then
+    "$BIN/secure-server" --listen 10.77.0.1:4804 --certs "$WORK/pki" --max-clients "$MAX" \
+        --max-pending 64 --max-pending-per-address 16 --shared-receive-queue 1024 \
+        >"$WORK/hold-shared-server.log" 2>&1 &
+    HSS=$!
+    listening 4804
+    hold hold-shared 4804 $HSS
+    kill -INT $HSS; wait $HSS || true
+fi
 INNER
 
 echo "bench.sh: $ROUNDS round(s) in the VM" >&2

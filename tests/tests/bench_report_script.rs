@@ -215,7 +215,13 @@ fn a_hold_reports_delivery_and_what_its_memory_is_made_of() {
     };
     let t = table(&hold(5000));
     assert!(
-        t.contains("| 5,000 | 5,000 | 139,383 | 179.0 | 158.1 | 44.0 | 113.6 |"),
+        t.contains(
+            "| a receive queue per session | 5,000 | 5,000 | 139,383 | 179.0 | 158.1 | 44.0 | 113.6 |"
+        ),
+        "{t}"
+    );
+    assert!(
+        t.contains("| ≤ 32 KiB of server memory per idle session | **no** | 179.0 |"),
         "{t}"
     );
     assert!(
@@ -230,6 +236,42 @@ fn a_hold_reports_delivery_and_what_its_memory_is_made_of() {
     );
     assert!(
         t.contains("| 5000 held sessions deliver their message | **no** | 4,999 |"),
+        "{t}"
+    );
+    // A server that did not deliver every session's message does not count for memory.
+    assert!(!t.contains("≤ 32 KiB"), "{t}");
+}
+
+#[test]
+fn a_hold_on_the_shared_queue_gets_its_own_row_and_the_goal_takes_the_better_server() {
+    let shared = |server_kib: f64| {
+        rows(800.0)
+            + "1,secure-rdma,hold,1000,protected,established,1000,sessions\n\
+               1,secure-rdma,hold,1000,protected,delivered,1000,sessions\n\
+               1,secure-rdma,hold,1000,protected,server_rss_per_session_kib,194.4,KiB\n\
+               1,secure-rdma,hold-shared,1000,protected,established,1000,sessions\n\
+               1,secure-rdma,hold-shared,1000,protected,delivered,1000,sessions\n\
+               1,secure-rdma,hold-shared,1000,protected,setup_ms,40000,ms\n"
+            + &format!(
+                "1,secure-rdma,hold-shared,1000,protected,server_rss_per_session_kib,{server_kib},KiB\n"
+            )
+    };
+    let t = table(&shared(105.2));
+    assert!(
+        t.contains("| a receive queue per session | 1,000 | 1,000 |"),
+        "{t}"
+    );
+    assert!(
+        t.contains("| one shared receive queue (`--shared-receive-queue 1024`) | 1,000 | 1,000 | 40,000 | 105.2 |"),
+        "{t}"
+    );
+    assert!(
+        t.contains("| ≤ 32 KiB of server memory per idle session | **no** | 105.2 |"),
+        "{t}"
+    );
+    let t = table(&shared(31.0));
+    assert!(
+        t.contains("| ≤ 32 KiB of server memory per idle session | yes | 31.0 |"),
         "{t}"
     );
 }

@@ -315,10 +315,26 @@ fn inject(
 #[test]
 #[ignore = "needs the Soft-RoCE lab VM (scripts/softroce-vm.sh)"]
 fn a_forgery_on_one_lane_tears_down_that_lane_only() {
+    forgery_on_lane_1(4703, 19703, &[]);
+}
+
+/// The same on a server whose lanes take their receives from one shared receive queue: the
+/// forged SEND consumes a shared receive, is routed to lane 1's QP by its number, and fails
+/// there, tearing down lane 1 and nothing else.
+#[test]
+#[ignore = "needs the Soft-RoCE lab VM (scripts/softroce-vm.sh)"]
+fn on_a_shared_receive_queue_a_forgery_on_one_lane_tears_down_that_lane_only() {
+    forgery_on_lane_1(4706, 19706, &["--shared-receive-queue", "32"]);
+}
+
+/// A sealed forgery aimed at lane 1 of a two-lane session on a server with `server` flags:
+/// refused at the tag, lane 1 alone closed, its stream resumed on a new lane, every genuine
+/// operation delivered once.
+fn forgery_on_lane_1(port: u16, metrics_port: u16, server: &[&str]) {
     let mut lab = Lab::start(
-        4703,
-        19703,
-        &[],
+        port,
+        metrics_port,
+        server,
         &["--lanes", "2", "--reconnect-attempts", "0"],
     );
     let lane1 = lab
@@ -434,6 +450,17 @@ fn a_forgery_on_one_lane_tears_down_that_lane_only() {
     assert_eq!(
         lab.sample("secure_rdma_handshakes_total{outcome=\"established\"}"),
         1.0
+    );
+    // Lane 0, lane 1 and the lane that resumed it, each set up where the server says.
+    let path = match server.contains(&"--shared-receive-queue") {
+        true => "shared",
+        false => "cold",
+    };
+    assert_eq!(
+        lab.sample(&format!("secure_rdma_rdma_setups_total{{path=\"{path}\"}}")),
+        3.0,
+        "{}",
+        lab.context()
     );
     assert!(lab.client.quit_ok());
 }
