@@ -979,10 +979,11 @@ impl Resources {
         let (send_slots, write_slots) = (shape.send_slots, shape.write_slots);
         let pd = shared.pd();
         let device = pd.device();
-        let max_send = send_slots.max(16);
-        // Sends, the window's bind and its invalidation: one CQ entry each.
-        let send_cq =
-            CompletionQueue::new(device, u32::try_from(max_send + 2).unwrap_or(u32::MAX))?;
+        // What can be posted at once: a send per slot (the token goes alone, before any),
+        // the window's bind and its invalidation. rxe's send queue entries are large (its
+        // rings are most of what a session on the shared queue maps), so no more than that.
+        let max_send = (send_slots + 2).max(4);
+        let send_cq = CompletionQueue::new(device, u32::try_from(max_send).unwrap_or(u32::MAX))?;
         let send_mr = MemoryRegion::new(pd, bs * send_slots, MrAccess::Local)?;
         let data_mr = match shape.accept_writes {
             true => Some(MemoryRegion::new(
