@@ -32,11 +32,13 @@
 # and of the acknowledgement, in the same process): table.md sets what protection adds
 # end to end against that, so the part of protection that is not cryptography shows.
 #
-# Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--setup-only] [--cpu MODEL]
-#                         [--out DIR]
+# Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--setup-only] [--hold-only]
+#                         [--cpu MODEL] [--out DIR]
 #   --quick       1 round, small counts, no hold: a smoke test of the script (minutes)
 #   --setup-only  the connection setup rows only (cmtime, a new connection, an extra lane,
 #                 the warm path), no hold
+#   --hold-only   the two holds only (a receive queue per session, then the shared queue):
+#                 `--hold-only --hold 10000` measures the memory per session at scale
 #   --cpu MODEL   the VM's qemu CPU model (default Nehalem: no AES-NI, so sessions use
 #                 ChaCha20-Poly1305; Westmere adds AES-NI and PCLMULQDQ, so AES-256-GCM);
 #                 compare the two runs through their ratios to the perftest rows of each
@@ -50,7 +52,7 @@
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ROUNDS=3 HOLD=1000 QUICK=0 SETUP_ONLY=0 OUT=
+ROUNDS=3 HOLD=1000 QUICK=0 SETUP_ONLY=0 HOLD_ONLY=0 OUT=
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift 2 ;;
@@ -60,6 +62,7 @@ while [ $# -gt 0 ]; do
                 HOLD=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
         --setup-only) SETUP_ONLY=1; shift ;;
+        --hold-only) HOLD_ONLY=1 ROUNDS=1; shift ;;
         --out) OUT=$2; shift 2 ;;
         --cpu) if [ $# -lt 2 ] || ! [[ $2 =~ ^[A-Za-z0-9_.-]+$ ]]; then
                    echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2
@@ -70,6 +73,10 @@ while [ $# -gt 0 ]; do
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+if [ "$HOLD_ONLY" = 1 ] && { [ "$SETUP_ONLY" = 1 ] || [ "$HOLD" = 0 ]; }; then
+    echo "bench.sh: --hold-only needs a hold (--hold N, N > 0) and no --setup-only" >&2
+    exit 2
+fi
 for n in "$ROUNDS" "$HOLD"; do
     [[ $n =~ ^[0-9]+$ ]] || { echo "bench.sh: $n is not a count" >&2; exit 2; }
 done
@@ -114,6 +121,7 @@ fi
 cat >"$WORK/inside.sh" <<'INNER'
 set -euo pipefail
 # Variables come from the environment: BIN DEV WORK ROUNDS HOLD CONNS PROCS SIZES SETUP_ONLY
+# HOLD_ONLY
 RAW=$WORK/raw.csv
 echo "round,tool,op,size,protection,metric,value,unit" >"$RAW"
 row() { echo "$1,$2,$3,$4,$5,$6,$7,$8" >>"$RAW"; }
@@ -216,6 +224,7 @@ listening 4803
 cmtime_total >/dev/null || true
 
 for r in $(seq "$ROUNDS"); do
+    [ "$HOLD_ONLY" = 1 ] && break
     echo "bench: round $r/$ROUNDS" >&2
     total=$(cmtime_total)
     row "$r" cmtime connect 0 none per_connection_us "$total" us
@@ -363,7 +372,7 @@ echo "bench.sh: $ROUNDS round(s) in the VM" >&2
 # limit is raised (and can be set).
 VM_MEM=${VM_MEM:-$(( 2048 + HOLD * 400 / 1024 ))M} VM_TIMEOUT=${VM_TIMEOUT:-3600} \
     bash "$ROOT/scripts/softroce-vm.sh" \
-    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD SETUP_ONLY=$SETUP_ONLY CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
+    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD SETUP_ONLY=$SETUP_ONLY HOLD_ONLY=$HOLD_ONLY CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
 python3 "$ROOT/scripts/bench-report.py" "$OUT/raw.csv" "$OUT"
 echo "bench.sh: $OUT/raw.csv, $OUT/table.md, $OUT/plot.svg" >&2

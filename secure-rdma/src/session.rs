@@ -1254,16 +1254,10 @@ impl Unconfirmed {
             other => other,
         };
         if how != Confirm::Second {
-            session.send_mr.write(0, &tokens.mine)?;
             session
-                .qp
-                .post_send(TOKEN_WR, &session.send_mr, 0..TOKEN_LEN)?;
-            session
-                .qp
-                .send_cq()
-                .next_ok("the confirmation token SEND", timeout)
+                .send_token(&tokens.mine)
                 .await
-                .map_err(|e| unconfirmed(e.into()))?;
+                .map_err(unconfirmed)?;
         }
         let got = match tokio::time::timeout(timeout, session.next_received()).await {
             Ok(got) => got.map_err(unconfirmed)?,
@@ -1273,22 +1267,30 @@ impl Unconfirmed {
             return Err(SessionError::BadToken);
         }
         if how == Confirm::Second {
-            session.send_mr.write(0, &tokens.mine)?;
             session
-                .qp
-                .post_send(TOKEN_WR, &session.send_mr, 0..TOKEN_LEN)?;
-            session
-                .qp
-                .send_cq()
-                .next_ok("the confirmation token SEND", timeout)
+                .send_token(&tokens.mine)
                 .await
-                .map_err(|e| unconfirmed(e.into()))?;
+                .map_err(unconfirmed)?;
         }
         session.timing.confirmation = session
             .started
             .elapsed()
             .saturating_sub(session.timing.setup);
         Ok(session)
+    }
+}
+
+impl Session {
+    /// SENDs this side's confirmation token and waits (the session's timeout) for its
+    /// completion.
+    async fn send_token(&mut self, token: &[u8]) -> Result<(), SessionError> {
+        self.send_mr.write(0, token)?;
+        self.qp.post_send(TOKEN_WR, &self.send_mr, 0..TOKEN_LEN)?;
+        self.qp
+            .send_cq()
+            .next_ok("the confirmation token SEND", self.config.timeout)
+            .await?;
+        Ok(())
     }
 }
 

@@ -184,6 +184,19 @@ impl MessageServer {
         assert_eq!(rc, 0, "kill({sig})");
     }
 
+    /// Stops it (SIGTERM), checks that it exited cleanly, and returns every line it printed
+    /// (its deliveries and, last, its summary).
+    pub fn stop(&mut self) -> Vec<String> {
+        self.signal(libc::SIGTERM);
+        let status = self.wait();
+        assert!(
+            status.success(),
+            "message_server: {status}\n{}",
+            self.context()
+        );
+        self.out.snapshot()
+    }
+
     /// Waits for its exit after a signal; every line it printed is then in `out`.
     pub fn wait(&mut self) -> ExitStatus {
         let start = Instant::now();

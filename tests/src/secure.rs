@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -208,6 +209,36 @@ impl ServerProc {
             .expect("VmRSS")
     }
 
+    /// Runs `f` and returns its result with this server's resident memory in KiB: before
+    /// `f`, and the peak while `f` ran (sampled every 250 ms until it returns, also when it
+    /// panics).
+    pub fn rss_during<T>(&self, f: impl FnOnce() -> T) -> (u64, u64, T) {
+        /// Sets its flag when dropped: the watch stops however `f` ends.
+        struct SetOnDrop<'a>(&'a AtomicBool);
+        impl Drop for SetOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let idle = self.rss_kib();
+        let done = AtomicBool::new(false);
+        let (peak, out) = std::thread::scope(|s| {
+            let watch = s.spawn(|| {
+                let mut peak = idle;
+                while !done.load(Ordering::Relaxed) {
+                    peak = peak.max(self.rss_kib());
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                peak
+            });
+            let stop = SetOnDrop(&done);
+            let out = f();
+            drop(stop);
+            (watch.join().expect("rss watch"), out)
+        });
+        (idle, peak, out)
+    }
+
     /// Sends a signal to the server.
     pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child.
@@ -299,6 +330,20 @@ impl Drop for ServerProc {
 /// A `secure-client` command for client `name` against `server`.
 pub fn client(pki: &Pki, server: &ServerProc, name: Option<&str>) -> Command {
     client_command(pki.dir(), server.port, name, 10)
+}
+
+/// `secure-client bench hold -n N` as client `hold` against `server`: 16 connections in
+/// flight, every session held 2 s, its report as one JSON line.
+pub fn bench_hold(pki: &Pki, server: &ServerProc, n: u64) -> Command {
+    let mut cmd = client(pki, server, Some("hold"));
+    cmd.args(["bench", "hold", "-n", &n.to_string()]).args([
+        "--concurrency",
+        "16",
+        "--hold",
+        "2",
+        "--json",
+    ]);
+    cmd
 }
 
 /// A `secure-client` command for client `name` against 10.77.0.1:`port` (any server

@@ -7,10 +7,9 @@
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use secure_rdma_tests::secure::{client, sample, scrape, Pki, ServerProc};
+use secure_rdma_tests::secure::{bench_hold, client, sample, scrape, Pki, ServerProc};
 use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline};
 use serde_json::Value;
 
@@ -186,39 +185,11 @@ fn bench_hold_establishes_every_session_it_asks_for() {
         // Quiet (10,000 connect/gone lines), but the readiness line is needed.
         "warn,secure_server=info",
     );
-    let rss_idle = server.rss_kib();
     let what = format!("bench hold -n {n}");
-    let mut cmd = client(&pki, &server, Some("hold"));
-    cmd.args([
-        "bench",
-        "hold",
-        "-n",
-        &n.to_string(),
-        "--concurrency",
-        "16",
-        "--hold",
-        "2",
-        "--json",
-    ]);
-    // The server's memory while the sessions are held: its peak while the bench runs, sampled
-    // until the bench has exited.
-    let done = AtomicBool::new(false);
-    let (peak, out) = std::thread::scope(|s| {
-        let watch = s.spawn(|| {
-            let mut peak = rss_idle;
-            while !done.load(Ordering::Relaxed) {
-                peak = peak.max(server.rss_kib());
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            peak
-        });
-        // Set on drop: also when the wait fails the test, or the scope would wait for the
-        // watch forever.
-        let stop = SetOnDrop(&done);
-        let out = wait_with_deadline(spawn(&mut cmd), DEADLINE, &what);
-        drop(stop);
-        (watch.join().expect("rss watch"), out)
-    });
+    let mut cmd = bench_hold(&pki, &server, n);
+    // The server's memory while the sessions are held: its peak while the bench runs.
+    let (rss_idle, peak, out) =
+        server.rss_during(|| wait_with_deadline(spawn(&mut cmd), DEADLINE, &what));
     let v = bench_output(out, &what);
     eprintln!(
         "{what}: the client's report {v}; server RSS {rss_idle} KiB idle, {peak} KiB peak \
@@ -260,15 +231,6 @@ fn bench_hold_establishes_every_session_it_asks_for() {
             > 0.0,
         "{v}"
     );
-}
-
-/// Sets its flag when dropped.
-struct SetOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for SetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Soft limit up to the hard one, for this test and the server it starts.

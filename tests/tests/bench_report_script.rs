@@ -134,6 +134,25 @@ fn bench_sh_refuses_a_hold_that_is_not_a_number() {
 }
 
 #[test]
+fn bench_sh_refuses_a_hold_only_run_without_a_hold_before_building() {
+    for args in [
+        &["--hold-only", "--hold", "0"][..],
+        &["--hold-only", "--setup-only"][..],
+    ] {
+        let out = bench_sh(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        // Refused before anything is built or installed: this is all it says.
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "bench.sh: --hold-only needs a hold (--hold N, N > 0) and no --setup-only\n",
+            "{args:?}"
+        );
+    }
+    let help = String::from_utf8_lossy(&bench_sh(&["--help"]).stdout).to_string();
+    assert!(help.contains("--hold-only"), "{help}");
+}
+
+#[test]
 fn bench_sh_refuses_a_cpu_model_it_cannot_pass_on_before_building() {
     for args in [&["--cpu"][..], &["--cpu", "Westmere; reboot"][..]] {
         let out = bench_sh(args);

@@ -52,17 +52,8 @@ fn server(pki: &Pki, port: u16, rekey: &[&str]) -> MessageServer {
 
 /// Stops the server (SIGTERM) and reads its rotation counts: `(send, receive)`.
 fn stop_and_count_rotations(mut server: MessageServer) -> (u64, u64, MessageServer) {
-    server.signal(libc::SIGTERM);
-    let status = server.wait();
-    assert!(
-        status.success(),
-        "message_server: {status}\n{}",
-        server.context()
-    );
-    server.out.wait_closed(Duration::from_secs(10));
     let line = server
-        .out
-        .snapshot()
+        .stop()
         .into_iter()
         .find(|l| l.starts_with("key rotations"))
         .unwrap_or_else(|| panic!("no rotation count\n{}", server.context()));

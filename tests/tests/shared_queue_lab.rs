@@ -10,12 +10,11 @@
 //!
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use secure_rdma_tests::example::MessageServer;
 use secure_rdma_tests::piped::Piped;
-use secure_rdma_tests::secure::{client, sample, scrape, Pki, ServerProc};
+use secure_rdma_tests::secure::{bench_hold, client, sample, scrape, Pki, ServerProc};
 use secure_rdma_tests::stream::{
     assert_exactly_once_any_order, assert_exactly_once_in_order, StreamRun, StreamSpec,
 };
@@ -99,18 +98,9 @@ fn three_clients_through_one_shared_receive_queue_each_get_every_operation_exact
     assert_eq!(all.len(), 1240, "nothing else, nothing twice");
     assert_eq!(server.auth_failures(), 0, "{}", server.context());
     let rnr = hw_counter("rxe-b", "rcvd_rnr_err").saturating_sub(rnr_before);
-    server.signal(libc::SIGTERM);
-    let status = server.wait();
-    assert!(
-        status.success(),
-        "message_server: {status}\n{}",
-        server.context()
-    );
-    server.out.wait_closed(Duration::from_secs(10));
     // Three sessions and sq-lanes' second lane, every one on the shared queue.
     let setups = server
-        .out
-        .snapshot()
+        .stop()
         .into_iter()
         .find(|l| l.starts_with("rdma setups:"))
         .unwrap_or_else(|| panic!("no setup line:\n{}", server.context()));
@@ -150,34 +140,10 @@ fn server_kib_per_held_session(
     args.extend(flags.iter().map(|f| (*f).to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = ServerProc::start_with_log(pki, port, &args, "warn,secure_server=info");
-    let idle = server.rss_kib();
     let what = format!("bench hold -n {n} against secure-server {flags:?}");
-    let mut cmd = client(pki, &server, Some("hold"));
-    cmd.args([
-        "bench",
-        "hold",
-        "-n",
-        &n.to_string(),
-        "--concurrency",
-        "16",
-        "--hold",
-        "2",
-        "--json",
-    ]);
-    let done = AtomicBool::new(false);
-    let (peak, out) = std::thread::scope(|s| {
-        let watch = s.spawn(|| {
-            let mut peak = idle;
-            while !done.load(Ordering::Relaxed) {
-                peak = peak.max(server.rss_kib());
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            peak
-        });
-        let out = wait_with_deadline(spawn(&mut cmd), Duration::from_secs(600), &what);
-        done.store(true, Ordering::Relaxed);
-        (watch.join().expect("rss watch"), out)
-    });
+    let mut cmd = bench_hold(pki, &server, n);
+    let (idle, peak, out) =
+        server.rss_during(|| wait_with_deadline(spawn(&mut cmd), Duration::from_secs(600), &what));
     assert!(
         out.status.success(),
         "{what}: {:?}\n{}\n{}",
