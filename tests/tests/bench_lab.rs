@@ -179,6 +179,9 @@ fn bench_hold_establishes_every_session_it_asks_for() {
             "16",
             "--max-pending",
             "64",
+            // The first sessions wait, idle, until the last is open: never for the idle limit.
+            "--idle-timeout",
+            "3600",
             "--metrics",
             METRICS,
         ],
