@@ -16,6 +16,7 @@
 //! | a SEND longer than a receive slot, a WRITE length beyond a slot | *local length error*, or the length check | `length_error` |
 //! | a completion of an operation the receive queue never expects | | `unexpected_opcode` |
 //! | a sealed message that fails its check | | `auth_failure` |
+//! | more messages than the receives it was given, on a shared receive queue | | `over_credit` |
 //!
 //! And on this side's own sends: *transport retry counter exceeded* (the peer
 //! stopped acknowledging: gone, or its QP stopped), *RNR retry exceeded*, and
@@ -30,6 +31,7 @@
 //! missing acknowledgement (it resumes on a new session, exactly once).
 
 use crate::session::SessionError;
+use crate::shared_queue::InboxError;
 use crate::verbs::{VerbsError, WcStatus};
 
 /// Why a session's data path failed (the `cause` label of
@@ -75,13 +77,17 @@ pub enum DataPathCause {
     /// The peer had no receive posted for our message, retried until the
     /// RNR retry count ran out.
     RnrRetryExceeded,
+    /// On a shared receive queue, the peer sent more messages than the receive slots it was
+    /// given without waiting for their acknowledgements, and its queue pair was cut off
+    /// ([`crate::shared_queue`]).
+    OverCredit,
     /// Anything else (a completion that timed out, a local verbs error).
     Other,
 }
 
 impl DataPathCause {
     /// Every cause, in the order the metrics list them.
-    pub const ALL: [DataPathCause; 9] = [
+    pub const ALL: [DataPathCause; 10] = [
         DataPathCause::AuthFailure,
         DataPathCause::RemoteAccessError,
         DataPathCause::RemoteInvalidRequest,
@@ -90,6 +96,7 @@ impl DataPathCause {
         DataPathCause::UnexpectedOpcode,
         DataPathCause::RetryExceeded,
         DataPathCause::RnrRetryExceeded,
+        DataPathCause::OverCredit,
         DataPathCause::Other,
     ];
 
@@ -104,6 +111,7 @@ impl DataPathCause {
             DataPathCause::UnexpectedOpcode => "unexpected_opcode",
             DataPathCause::RetryExceeded => "retry_exceeded",
             DataPathCause::RnrRetryExceeded => "rnr_retry_exceeded",
+            DataPathCause::OverCredit => "over_credit",
             DataPathCause::Other => "other",
         }
     }
@@ -136,6 +144,10 @@ impl DataPathCause {
             DataPathCause::RnrRetryExceeded => {
                 "RNR retry exceeded: the peer posted no receive for our messages"
             }
+            DataPathCause::OverCredit => {
+                "over credit: the peer sent more messages than the receives it was given, \
+                 without waiting for their acknowledgements"
+            }
             DataPathCause::Other => "RDMA error",
         }
     }
@@ -151,6 +163,7 @@ impl DataPathCause {
                 | DataPathCause::RequestRefused
                 | DataPathCause::LengthError
                 | DataPathCause::UnexpectedOpcode
+                | DataPathCause::OverCredit
         )
     }
 
@@ -194,6 +207,12 @@ impl DataPathCause {
                 }
                 _ => DataPathCause::Other,
             },
+            // Our own clients never send beyond the receives they were told of: they wait
+            // for acknowledgements (`Client::post`).
+            SessionError::SharedReceive(InboxError::OverCredit { .. }) => DataPathCause::OverCredit,
+            SessionError::SharedReceive(InboxError::Completion { status, .. }) => {
+                DataPathCause::of_status(*status)
+            }
             _ => DataPathCause::Other,
         }
     }
@@ -246,6 +265,26 @@ mod tests {
             DataPathCause::of(&SessionError::TooLarge { len: 9, max: 8 }),
             DataPathCause::LengthError
         );
+    }
+
+    /// A peer cut off by the shared receive queue for sending beyond its credit was counted as
+    /// `other` ("RDMA error"), not as what it is, and not logged as a likely attack.
+    #[test]
+    fn a_peer_over_its_credit_on_a_shared_queue_is_its_own_cause_and_a_likely_attack() {
+        let e = SessionError::SharedReceive(InboxError::OverCredit { credit: 16 });
+        let cause = DataPathCause::of(&e);
+        assert_eq!(cause.label(), "over_credit");
+        assert!(cause.likely_attack());
+        assert!(cause
+            .explain()
+            .contains("more messages than the receives it was given"));
+        let failed = SessionError::SharedReceive(InboxError::Completion {
+            wr_id: 3,
+            status: WcStatus(1),
+        });
+        assert_eq!(DataPathCause::of(&failed), DataPathCause::LengthError);
+        let stopped = SessionError::SharedReceive(InboxError::Stopped("gone".into()));
+        assert_eq!(DataPathCause::of(&stopped), DataPathCause::Other);
     }
 
     #[test]

@@ -37,6 +37,8 @@
 //! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
 //! | `secure_rdma_rdma_setups_total` | counter | `path` (`warm`: a session or lane took resources made ahead, [`crate::warm`]; `cold`: it made its own; `shared`: it made its own on the shared receive queue, [`crate::shared_queue`]) |
 //! | `secure_rdma_warm_ready` | gauge | (resources ready in the warm pools, as of the last take) |
+//! | `secure_rdma_shared_queue_over_credit_total` | counter | (queue pairs cut off for sending beyond their credit, [`crate::shared_queue`]) |
+//! | `secure_rdma_shared_queue_unrouted_total` | counter | (messages dropped: their queue pair had ended or was cut off) |
 //! | `secure_rdma_setup_slow` | gauge | (1 while the median RDMA setup of the last sessions is slow, [`crate::setup_watch`]) |
 //! | `secure_rdma_setup_slowdowns_total` | counter | |
 //! | `secure_rdma_setup_median_seconds` | gauge | (the median RDMA setup of the last sessions) |
@@ -353,6 +355,7 @@ pub struct ServerMetrics {
     lane_messages: Family<LaneLabels, Counter>,
     rdma_setups: Family<PathLabels, Counter>,
     warm_ready: Gauge,
+    shared_queue: crate::shared_queue::SharedQueueCounters,
     /// Made with the server's settings at its first setup.
     setup_watch: Arc<Mutex<Option<SetupWatch>>>,
     setup_slow: Gauge,
@@ -428,6 +431,7 @@ impl Default for ServerMetrics {
             lane_messages: Family::default(),
             rdma_setups: Family::default(),
             warm_ready: Gauge::default(),
+            shared_queue: crate::shared_queue::SharedQueueCounters::default(),
             setup_watch: Arc::default(),
             setup_slow: Gauge::default(),
             setup_slowdowns: Counter::default(),
@@ -669,6 +673,16 @@ impl ServerMetrics {
             self.warm_ready.clone(),
         );
         registry.register(
+            "secure_rdma_shared_queue_over_credit",
+            "Queue pairs the shared receive queue cut off because their peer sent more messages than the receives it was given, without waiting for acknowledgements",
+            self.shared_queue.over_credit.clone(),
+        );
+        registry.register(
+            "secure_rdma_shared_queue_unrouted",
+            "Messages the shared receive queue dropped because their queue pair had ended or was cut off",
+            self.shared_queue.unrouted.clone(),
+        );
+        registry.register(
             "secure_rdma_lane_messages_received",
             "RDMA SENDs and WRITEs received, per lane number (0: each session's first QP; bounded by the highest lane number a client may open)",
             self.lane_messages.clone(),
@@ -691,6 +705,13 @@ impl ServerMetrics {
         self.rdma_setups.get_or_create(&PathLabels { path }).inc();
         self.warm_ready
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
+    }
+
+    /// The counters a server's [`SharedQueue`](crate::shared_queue::SharedQueue) counts its
+    /// drops in (`secure_rdma_shared_queue_over_credit_total`,
+    /// `secure_rdma_shared_queue_unrouted_total`).
+    pub fn shared_queue_counters(&self) -> crate::shared_queue::SharedQueueCounters {
+        self.shared_queue.clone()
     }
 
     /// RDMA setups so far by `path` (`"warm"`, `"cold"` or `"shared"`).
@@ -1138,6 +1159,8 @@ mod tests {
         metrics.auth_failure("mallory");
         metrics.datapath_event(DataPathCause::RemoteAccessError);
         metrics.verb("rxe-a", TimedVerb::QpSetup, Duration::from_millis(5));
+        // What the server hands its shared receive queue counts where the exporter reads.
+        metrics.shared_queue_counters().over_credit.inc();
         let text = render(&kept);
         for expected in [
             "secure_rdma_sessions_active{device=\"rxe-a\"} 1",
@@ -1153,6 +1176,9 @@ mod tests {
             "secure_rdma_verb_duration_seconds_count{device=\"rxe-a\",verb=\"qp_setup\"} 1",
             "secure_rdma_datapath_events_total{cause=\"remote_access_error\"} 1",
             "secure_rdma_datapath_events_total{cause=\"request_refused\"} 0",
+            "secure_rdma_datapath_events_total{cause=\"over_credit\"} 0",
+            "secure_rdma_shared_queue_over_credit_total 1",
+            "secure_rdma_shared_queue_unrouted_total 0",
         ] {
             assert!(
                 text.lines().any(|l| l == expected),

@@ -675,6 +675,18 @@ impl Session {
         self.flush().await
     }
 
+    /// Resolves when the shared receive queue has cut this session's queue pair off for its
+    /// peer sending beyond its credit ([`SessionError::SharedReceive`] with
+    /// [`InboxError::OverCredit`]); never on a receive queue of its own. For a loop busy with
+    /// something else than [`Session::arrival`] (a write its flooding peer does not read), so
+    /// the session ends when the flood is cut, not when that wait ends. Cancel-safe.
+    pub async fn cut_off(&self) -> SessionError {
+        match &self.receive {
+            Receive::Shared(inbox) => SessionError::SharedReceive(inbox.cut_off().await),
+            Receive::Own(_) => std::future::pending().await,
+        }
+    }
+
     /// The next receive that completed, with a SEND's bytes copied out of its slot and the
     /// slot posted again (the session's own receive queue), or as the shared queue's pump
     /// routed it here. Cancel-safe.

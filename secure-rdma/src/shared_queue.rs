@@ -24,10 +24,11 @@
 //! retries (the queue pairs retry without limit), never lost.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::psn::Qpn;
@@ -79,6 +80,8 @@ type Delivery = Result<Incoming, InboxError>;
 
 struct Route {
     tx: mpsc::UnboundedSender<Delivery>,
+    /// Set when the queue pair is cut off, so that its session learns it while busy elsewhere.
+    cut: tokio::sync::watch::Sender<bool>,
     /// Messages in the inbox not yet taken.
     waiting: Arc<AtomicUsize>,
     credit: usize,
@@ -87,10 +90,19 @@ struct Route {
 #[derive(Default)]
 struct Routes {
     by_qpn: Mutex<HashMap<u32, Route>>,
-    /// Receives for a queue pair no longer attached (it ended while they were in the CQ).
-    unrouted: AtomicU64,
+    counters: SharedQueueCounters,
+}
+
+/// Where a [`SharedQueue`] counts what it drops, so that an exporter shows it (secure-server's
+/// `secure_rdma_shared_queue_over_credit_total` and `secure_rdma_shared_queue_unrouted_total`,
+/// [`crate::metrics::ServerMetrics::shared_queue_counters`]). Clones share their counts.
+#[derive(Debug, Clone, Default)]
+pub struct SharedQueueCounters {
     /// Queue pairs cut off for sending beyond their credit.
-    over_credit: AtomicU64,
+    pub over_credit: Counter,
+    /// Receives that arrived for a queue pair no longer attached (it ended, or was cut off,
+    /// while they were on the wire or in the CQ), dropped.
+    pub unrouted: Counter,
 }
 
 impl Routes {
@@ -101,7 +113,7 @@ impl Routes {
     fn deliver(&self, qpn: u32, delivery: Delivery) {
         let mut routes = self.lock();
         let Some(route) = routes.get(&qpn) else {
-            self.unrouted.fetch_add(1, Ordering::Relaxed);
+            self.counters.unrouted.inc();
             tracing::debug!(
                 qpn,
                 "a receive for a queue pair no longer attached; dropped"
@@ -110,13 +122,14 @@ impl Routes {
         };
         if delivery.is_ok() && route.waiting.load(Ordering::Acquire) >= route.credit {
             let credit = route.credit;
-            self.over_credit.fetch_add(1, Ordering::Relaxed);
+            self.counters.over_credit.inc();
             tracing::warn!(
                 qpn,
                 credit,
                 "a peer sent beyond its credit; its queue pair is cut off"
             );
             let _ = route.tx.send(Err(InboxError::OverCredit { credit }));
+            route.cut.send_replace(true);
             routes.remove(&qpn);
             return;
         }
@@ -137,11 +150,13 @@ fn attach(
     requests: mpsc::UnboundedSender<Request>,
 ) -> Inbox {
     let (tx, rx) = mpsc::unbounded_channel();
+    let (cut, cut_rx) = tokio::sync::watch::channel(false);
     let waiting = Arc::new(AtomicUsize::new(0));
     routes.lock().insert(
         qpn.get(),
         Route {
             tx,
+            cut,
             waiting: Arc::clone(&waiting),
             credit: credit.max(1),
         },
@@ -149,6 +164,8 @@ fn attach(
     Inbox {
         qpn,
         rx,
+        cut: cut_rx,
+        credit: credit.max(1),
         waiting,
         routes: Arc::downgrade(routes),
         requests,
@@ -227,6 +244,16 @@ impl SharedQueue {
         slots: usize,
         slot_len: usize,
     ) -> Result<Arc<SharedQueue>, SharedQueueError> {
+        SharedQueue::counted(device, slots, slot_len, SharedQueueCounters::default())
+    }
+
+    /// [`SharedQueue::new`], counting what it drops in `counters`.
+    pub fn counted(
+        device: &Arc<Device>,
+        slots: usize,
+        slot_len: usize,
+        counters: SharedQueueCounters,
+    ) -> Result<Arc<SharedQueue>, SharedQueueError> {
         if !device.has_type2_windows() {
             return Err(SharedQueueError::NoWindows(device.name().to_owned()));
         }
@@ -242,7 +269,10 @@ impl SharedQueue {
         for slot in 0..slots {
             srq.post_recv(slot as u64, &mr, slot * slot_len..(slot + 1) * slot_len)?;
         }
-        let routes = Arc::new(Routes::default());
+        let routes = Arc::new(Routes {
+            by_qpn: Mutex::default(),
+            counters,
+        });
         let (requests, rx) = mpsc::unbounded_channel();
         let pump = tokio::spawn(pump(
             Arc::clone(&cq),
@@ -314,8 +344,8 @@ impl SharedQueue {
     pub fn stats(&self) -> SharedQueueStats {
         SharedQueueStats {
             attached: self.routes.lock().len(),
-            unrouted: self.routes.unrouted.load(Ordering::Relaxed),
-            over_credit: self.routes.over_credit.load(Ordering::Relaxed),
+            unrouted: self.routes.counters.unrouted.get(),
+            over_credit: self.routes.counters.over_credit.get(),
         }
     }
 }
@@ -340,6 +370,8 @@ pub enum SharedQueueError {
 pub struct Inbox {
     qpn: Qpn,
     rx: mpsc::UnboundedReceiver<Delivery>,
+    cut: tokio::sync::watch::Receiver<bool>,
+    credit: usize,
     waiting: Arc<AtomicUsize>,
     routes: Weak<Routes>,
     requests: mpsc::UnboundedSender<Request>,
@@ -372,6 +404,21 @@ impl Inbox {
         });
         self.taken(&delivery);
         delivery
+    }
+
+    /// Resolves once this queue pair has been cut off for sending beyond its credit (never
+    /// otherwise), without taking a message: for a session busy with something else (writing
+    /// an acknowledgement its flooding client does not read) that must stop at once rather
+    /// than when it next asks for a message. Cancel-safe.
+    pub async fn cut_off(&self) -> InboxError {
+        let mut cut = self.cut.clone();
+        if cut.wait_for(|cut| *cut).await.is_err() {
+            // Detached without a cut (the pump stopped): `next` reports that.
+            std::future::pending::<()>().await;
+        }
+        InboxError::OverCredit {
+            credit: self.credit,
+        }
     }
 
     /// [`Inbox::next`], at most `timeout`.
@@ -580,14 +627,40 @@ mod tests {
         // Cut off: what still comes for it is nobody's.
         assert!(flood.next().await.is_err());
         let stats = (
-            routes.over_credit.load(Ordering::Relaxed),
-            routes.unrouted.load(Ordering::Relaxed),
+            routes.counters.over_credit.get(),
+            routes.counters.unrouted.get(),
         );
         assert_eq!(stats, (1, 1), "one cut off, f4 unrouted");
         routes.deliver(0x12, send("calm after"));
         assert_eq!(
             calm.next().await.expect("the other goes on").data,
             b"calm after"
+        );
+    }
+
+    /// A session blocked elsewhere (writing an acknowledgement its flooding client never reads)
+    /// hears of the cut without taking a message; a calm inbox never does.
+    #[tokio::test]
+    async fn a_cut_is_heard_without_taking_a_message() {
+        let routes = Arc::new(Routes::default());
+        let flood = inbox(&routes, 0x11, 1);
+        let calm = inbox(&routes, 0x12, 1);
+        let waiting = tokio::spawn(async move { (flood.cut_off().await, flood) });
+        routes.deliver(0x11, send("f1"));
+        routes.deliver(0x12, send("c1"));
+        assert!(!waiting.is_finished());
+        routes.deliver(0x11, send("f2"));
+        let (cut, mut flood) = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("heard within 5 s")
+            .expect("the task");
+        assert_eq!(cut, InboxError::OverCredit { credit: 1 });
+        assert_eq!(flood.next().await.expect("kept").data, b"f1");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), calm.cut_off())
+                .await
+                .is_err(),
+            "a calm inbox is never cut"
         );
     }
 
@@ -599,7 +672,7 @@ mod tests {
         drop(gone);
         assert_eq!(routes.lock().len(), 0);
         routes.deliver(0x11, send("late"));
-        assert_eq!(routes.unrouted.load(Ordering::Relaxed), 1);
+        assert_eq!(routes.counters.unrouted.get(), 1);
     }
 
     #[tokio::test]

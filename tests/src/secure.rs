@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{bin_dir, rdma_resources_of, wait_with_deadline, ADDR_A};
+use crate::{bin_dir, rdma_resources_of, wait_with_deadline, Sysctl, ADDR_A};
 
 /// A CA, a server certificate for the lab address and client certificates.
 pub struct Pki {
@@ -428,4 +428,54 @@ pub fn wait_resources(pid: u32, want_qps: usize, deadline: Duration) -> Vec<Stri
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// TCP buffers of 8 KiB for the sockets opened while the guards live (the kernel reads these
+/// when a socket is created; autotuning stays within the maximum). With the defaults, the
+/// server's writes block only once the client's 128 KiB receive buffer and the server's send
+/// buffer (autotuned up to 4 MiB) hold the acknowledgements: at the 28 SENDs a second the
+/// hostile client once managed under TCG, 3,018 acknowledgements in 120 s did not fill them.
+/// A bound in bytes, not in the VM's speed: a few hundred acknowledgements fill 8 KiB.
+pub fn small_tcp_buffers() -> [Sysctl; 2] {
+    [
+        Sysctl::set("net.ipv4.tcp_rmem", "4096 8192 8192"),
+        Sysctl::set("net.ipv4.tcp_wmem", "4096 8192 8192"),
+    ]
+}
+
+/// `hostile-client` (`tests/src/bin/hostile-client.rs`) as `name` against `server`: connects,
+/// then SENDs without ever reading its TLS socket; its JSON progress lines collected.
+pub fn hostile_client(pki: &Pki, server: &ServerProc, name: &str) -> (std::process::Child, Lines) {
+    hostile_client_with(pki, server, name, &[])
+}
+
+/// [`hostile_client`] with more of its flags (`--interval-ms`, `--count`).
+pub fn hostile_client_with(
+    pki: &Pki,
+    server: &ServerProc,
+    name: &str,
+    extra: &[&str],
+) -> (std::process::Child, Lines) {
+    let mut child = Command::new(bin("hostile-client"))
+        .arg(ADDR_A)
+        .args([
+            "--port",
+            &server.port.to_string(),
+            "--name",
+            name,
+            // Its last send never completes once the server is gone: 20 s, not the default 60,
+            // before it reports that and exits.
+            "--timeout",
+            "20",
+            "--certs",
+        ])
+        .arg(pki.dir())
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn hostile-client");
+    let out = Lines::collect(child.stdout.take().expect("stdout"));
+    (child, out)
 }

@@ -7,48 +7,12 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use secure_rdma_tests::secure::{bin, client, Held, Lines, Pki, ServerProc};
-use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, Sysctl, ADDR_A};
+use secure_rdma_tests::secure::{
+    bin, client, hostile_client as hostile, small_tcp_buffers, Held, Lines, Pki, ServerProc,
+};
+use secure_rdma_tests::{require_lab, spawn, text, wait_with_deadline, ADDR_A};
 
 const STEP: Duration = Duration::from_secs(120);
-
-/// TCP buffers of 8 KiB for the sockets opened while the guards live (the kernel reads these
-/// when a socket is created; autotuning stays within the maximum). With the defaults, the
-/// server's writes block only once the client's 128 KiB receive buffer and the server's send
-/// buffer (autotuned up to 4 MiB) hold the acknowledgements: at the 28 SENDs a second the
-/// hostile client once managed under TCG, 3,018 acknowledgements in 120 s did not fill them.
-/// A bound in bytes, not in the VM's speed: a few hundred acknowledgements fill 8 KiB.
-fn small_tcp_buffers() -> [Sysctl; 2] {
-    [
-        Sysctl::set("net.ipv4.tcp_rmem", "4096 8192 8192"),
-        Sysctl::set("net.ipv4.tcp_wmem", "4096 8192 8192"),
-    ]
-}
-
-/// `hostile-client`: connects, then SENDs without ever reading its TLS socket.
-fn hostile(pki: &Pki, server: &ServerProc, name: &str) -> (std::process::Child, Lines) {
-    let mut child = Command::new(bin("hostile-client"))
-        .arg(ADDR_A)
-        .args([
-            "--port",
-            &server.port.to_string(),
-            "--name",
-            name,
-            // Its last send never completes once the server is gone: 20 s, not the default 60,
-            // before it reports that and exits.
-            "--timeout",
-            "20",
-            "--certs",
-        ])
-        .arg(pki.dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn hostile-client");
-    let out = Lines::collect(child.stdout.take().expect("stdout"));
-    (child, out)
-}
 
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]

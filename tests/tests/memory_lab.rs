@@ -30,7 +30,7 @@ const ATTACKER_IFACE: &str = "veth-b";
 /// The client's identity.
 const VICTIM: &str = "victim";
 /// Every data-path cause the server counts (`secure_rdma_datapath_events_total`).
-const CAUSES: [&str; 9] = [
+const CAUSES: [&str; 10] = [
     "auth_failure",
     "remote_access_error",
     "remote_invalid_request",
@@ -39,6 +39,7 @@ const CAUSES: [&str; 9] = [
     "unexpected_opcode",
     "retry_exceeded",
     "rnr_retry_exceeded",
+    "over_credit",
     "other",
 ];
 

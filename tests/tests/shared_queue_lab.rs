@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use secure_rdma_tests::example::MessageServer;
 use secure_rdma_tests::piped::Piped;
-use secure_rdma_tests::secure::{bench_hold, client, sample, scrape, Pki, ServerProc};
+use secure_rdma_tests::secure::{
+    bench_hold, client, hostile_client_with, sample, scrape, small_tcp_buffers, Pki, ServerProc,
+};
 use secure_rdma_tests::stream::{
     assert_exactly_once_any_order, assert_exactly_once_in_order, StreamRun, StreamSpec,
 };
@@ -254,4 +256,111 @@ fn on_the_shared_queue_a_session_is_charged_one_cq_not_two() {
         .map(|(_, _, content)| content)
         .collect();
     assert_eq!(got, ["charged"], "{}", shared.log.snapshot().join("\n"));
+}
+
+/// The shared queue's credit, attacked through `secure-server` itself: `hostile-client` (as
+/// `greedy`, sending `every` ms apart, 0 back to back) SENDs and never reads its TLS socket (8
+/// KiB TCP buffers), so the server's session stops taking its messages while the pump goes on
+/// routing them. Its session must end at the cut as `over_credit`, counted in
+/// `secure_rdma_shared_queue_over_credit_total`; a calm client on the same queue has each of
+/// its 10 SENDs delivered once, in order. Returns how long greedy's session lasted.
+fn flood_beyond_the_credit(port: u16, metrics_port: u16, every: u64) -> Duration {
+    let pki = Pki::new();
+    pki.clients(&["greedy".to_owned(), "calm".to_owned()]);
+    let _buffers = small_tcp_buffers();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    // Writes wait 30 s before the server gives up on a client that does not read: the cut
+    // must end the session before that.
+    let server = ServerProc::start(
+        &pki,
+        port,
+        &[
+            "--shared-receive-queue",
+            "64",
+            "--write-timeout",
+            "30",
+            "--metrics",
+            &metrics,
+        ],
+    );
+    let mut calm = Piped::secure_client(pki.dir(), server.port, "calm", 20, &[]);
+    let interval = every.to_string();
+    let (greedy, out) = hostile_client_with(&pki, &server, "greedy", &["--interval-ms", &interval]);
+    out.wait_for("connected", 1, STEP, |l| l.contains("\"connected\""));
+    let flooding = std::time::Instant::now();
+    for i in 0..10 {
+        calm.op(&format!("send calm-{i}"));
+    }
+    let is_gone = |l: &str| l.contains("client gone") && l.contains("greedy");
+    server.log.wait_for("greedy gone", 1, STEP, is_gone);
+    let lasted = flooding.elapsed();
+    let gone = server
+        .log
+        .snapshot()
+        .into_iter()
+        .find(|l| is_gone(l))
+        .unwrap_or_default();
+    wait_with_deadline(greedy, STEP, "hostile-client");
+    let flood = out.snapshot().last().cloned().unwrap_or_default();
+    println!(
+        "greedy (every {every} ms): its session gone {lasted:?} after it connected (or \
+         sooner); its own count: {flood}; the server: {gone}"
+    );
+    assert!(
+        gone.contains("over credit"),
+        "greedy's session ended for another reason: {gone}"
+    );
+    let page = scrape(&metrics);
+    let count = |series: &str| {
+        sample(&page, series).unwrap_or_else(|| panic!("no {series} in:\n{page}")) as u64
+    };
+    let unrouted = count("secure_rdma_shared_queue_unrouted_total");
+    println!("{unrouted} of greedy's messages dropped after the cut");
+    assert_eq!(
+        count("secure_rdma_shared_queue_over_credit_total"),
+        1,
+        "greedy's QP, and only it, cut off:\n{page}"
+    );
+    assert_eq!(
+        count("secure_rdma_datapath_events_total{cause=\"over_credit\"}"),
+        1,
+        "{page}"
+    );
+    assert!(calm.quit_ok(), "the calm client did not quit cleanly");
+    let calm_got: Vec<(u64, String)> = server
+        .delivered("SEND received (full content)")
+        .into_iter()
+        .filter(|(client, _, _)| client == "calm")
+        .map(|(_, seq, content)| (seq, content))
+        .collect();
+    let want: Vec<(u64, String)> = (0..10).map(|i| (i + 1, format!("calm-{i}"))).collect();
+    assert_eq!(
+        calm_got, want,
+        "the calm client's SENDs, once each, in order"
+    );
+    lasted
+}
+
+/// Back to back: the session's loop falls behind and takes the cut as its next message. Before,
+/// the cut was counted as `other` ("RDMA error") and nothing exported the pump's counts.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_client_sending_beyond_its_credit_is_cut_off_by_the_server_and_a_calm_one_is_served() {
+    require_lab();
+    flood_beyond_the_credit(4795, 9795, 0);
+}
+
+/// 20 ms apart: the loop keeps up until greedy's unread acknowledgements fill the TCP buffers,
+/// then blocks writing one while the pump cuts greedy off. Before, the session heard of the cut
+/// only when that write gave up (`--write-timeout 30`: "did not read its TLS socket"), greedy's
+/// messages taking shared receives until then; now it ends at the cut.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_session_blocked_writing_to_its_flooding_client_ends_at_the_cut() {
+    require_lab();
+    let lasted = flood_beyond_the_credit(4796, 9796, 20);
+    assert!(
+        lasted < Duration::from_secs(30),
+        "ended after the write timeout, not at the cut: {lasted:?}"
+    );
 }

@@ -354,6 +354,9 @@ impl<'a> LaneContext<'a> {
                             let handled = tokio::select! {
                                 handled = handler.handle_boxed(delivery) => handled,
                                 _ = ending.changed() => break "the session ended".to_owned(),
+                                // Over its credit on a shared receive queue: cut now, not when
+                                // the application catches up.
+                                cut = session.cut_off() => break datapath_failure(metrics, self.identity, &cut),
                             };
                             match handled {
                                 Ok(()) => {}

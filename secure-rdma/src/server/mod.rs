@@ -136,10 +136,11 @@ impl Shared {
             let mut queues = self.shared_queues.lock().unwrap_or_else(|p| p.into_inner());
             match queues.get(device.name()) {
                 Some(q) => Ok(Arc::clone(q)),
-                None => crate::shared_queue::SharedQueue::new(
+                None => crate::shared_queue::SharedQueue::counted(
                     device,
                     self.config.shared_receive_queue,
                     config.shape().slot_len(),
+                    self.metrics.shared_queue_counters(),
                 )
                 .inspect(|q| {
                     tracing::info!(device = %device.name(), slots = q.slots(), slot_len = q.slot_len(), "shared receive queue made");

@@ -379,6 +379,9 @@ pub(super) async fn serve_session(
                                 let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
                                 break "server shutdown".to_owned();
                             }
+                            // A client over its credit on a shared receive queue: its flood is
+                            // cut now, not when the application catches up.
+                            cut = session.cut_off() => break datapath_failure(metrics, &identity, &cut),
                         };
                         match handled {
                             Ok(()) => {}
@@ -418,6 +421,10 @@ pub(super) async fn serve_session(
                 let sent = tokio::select! {
                     sent = send_within(&mut chan, &ack, limits.write_timeout) => sent,
                     _ = stop.changed() => Err("server shutdown".to_owned()),
+                    // A client that does not read its acknowledgements and goes on sending, on
+                    // a shared receive queue: cut off there at its credit, and ended now rather
+                    // than after the write timeout, while its messages take shared receives.
+                    cut = session.cut_off() => Err(datapath_failure(metrics, &identity, &cut)),
                 };
                 if let Err(reason) = sent {
                     break reason;

@@ -24,6 +24,10 @@ struct Args {
     /// Seconds each step may take.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// Milliseconds between two sends (0: back to back): slow enough and the server keeps up
+    /// with the messages until its acknowledgements fill the TCP buffers and its writes block.
+    #[arg(long, default_value_t = 0)]
+    interval_ms: u64,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -40,6 +44,9 @@ async fn main() -> Result<()> {
     let outcome = loop {
         if sent == args.count {
             break "count reached".to_owned();
+        }
+        if args.interval_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(args.interval_ms)).await;
         }
         let send = client.session_mut().send(&payload);
         tokio::pin!(send);
