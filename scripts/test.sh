@@ -42,7 +42,19 @@ cd "$ROOT"
 LOGDIR=$ROOT/target/test-logs
 mkdir -p "$LOGDIR"
 T0=$SECONDS
-stage() { printf '\n==== %s (%ds)\n' "$*" $((SECONDS - T0)); }
+# Each stage line also says how much disk is left where the build goes: a build that fills the
+# disk fails far from its cause (CI of 2026-11-29: the package could not be written and only 5
+# of 38 lab binaries had been linked).
+free_gb() { df -Pk "$ROOT" | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }'; }
+stage() { printf '\n==== %s (%ds, %s GiB free)\n' "$*" $((SECONDS - T0)) "$(free_gb)"; }
+
+# A fresh clone is built once: incremental compilation's caches (4.2 GB in a full run) would
+# only be written. The test builds keep line tables, so backtraces still name files and lines,
+# but not the full DWARF of every dependency that each of the ~60 test and lab binaries carried
+# (13.6 GB of executables; the whole target directory was 21 GB). Developers' own builds keep
+# the dev profile's full debug information.
+export CARGO_INCREMENTAL=0
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 
 # ------------------------------------------------------------------ install
 # Build dependencies: cmake + clang/libclang for rdma-mummy-sys (bindgen),
@@ -218,12 +230,17 @@ if [ "$HOST_ONLY" = 0 ]; then
     # --lib builds librdma_intercept.so (a cdylib) for the LD_PRELOAD tests; --examples the
     # secure-rdma examples that examples_lab runs.
     cargo build --workspace --bins --lib --examples --locked
-    mapfile -t VM_TESTS < <(cargo test -p secure-rdma-tests --no-run --locked --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-for line in sys.stdin:
+    # The lab binaries are the host stage's own (`--workspace`: the same features, so nothing
+    # is built again; `-p secure-rdma-tests` unified features differently and linked all 38 a
+    # second time, 3.5 GB). A build that fails stops the run here, never a suite of fewer
+    # binaries.
+    cargo test --workspace --no-run --locked --message-format=json >"$LOGDIR/lab-build.json"
+    mapfile -t VM_TESTS < <(python3 -c 'import json,sys
+for line in open(sys.argv[1], encoding="utf-8"):
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["executable"])')
+    if (m.get("reason") == "compiler-artifact" and m.get("executable")
+            and m["target"]["kind"] == ["test"] and "#secure-rdma-tests@" in m["package_id"]):
+        print(m["executable"])' "$LOGDIR/lab-build.json")
     if [ ${#VM_TESTS[@]} -eq 0 ]; then
         echo "test.sh: no lab test binaries were built" >&2
         exit 1
