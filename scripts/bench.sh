@@ -19,7 +19,8 @@
 #              passive side sleeps)
 # for SIZE in 64 B, 4 KiB, 64 KiB and 1 MiB; then, once, bench hold -n HOLD on a
 # secure-server --max-clients HOLD (memory per session on both ends), again on one with
-# --shared-receive-queue 1024 (the sessions' receives from one shared queue), and the start
+# --shared-receive-queue 1024 from a client with its own shared queue (no receive queue or CQ per
+# session on either end), and the start
 # time of `secure-client --help` for the dev build (42 MB, debug info) and the
 # shipped release build, next to ibv_devinfo.
 #
@@ -322,13 +323,15 @@ kill -INT $BW; wait $BW || true
 kill -INT $WS; wait $WS || true
 kill $RPING 2>/dev/null; wait $RPING 2>/dev/null || true
 
-# hold OP PORT SERVER_PID: bench hold -n HOLD against the server on PORT, rows under OP.
+# hold OP PORT SERVER_PID [CLIENT_FLAG...]: bench hold -n HOLD against the server on PORT, rows
+# under OP.
 hold() {
     local op=$1 port=$2 server=$3 idle peak now hc j kind est
+    local extra=("${@:4}")
     echo "bench: holding $HOLD sessions ($op)" >&2
     rss() { awk '/^VmRSS:/ { print $2 }' /proc/$1/status; }
     idle=$(rss "$server")
-    "${CLIENT[@]/4800/$port}" bench hold -n "$HOLD" --concurrency 16 --hold 20 --json >"$WORK/$op.json" &
+    "${CLIENT[@]/4800/$port}" "${extra[@]}" bench hold -n "$HOLD" --concurrency 16 --hold 20 --json >"$WORK/$op.json" &
     hc=$!
     # The server's memory while all sessions are held: the peak over the hold.
     peak=$idle
@@ -357,7 +360,9 @@ if [ "$HOLD" -gt 0 ]; then
 fi
 kill -INT $HS; wait $HS || true
 # The same hold on a server whose sessions take their receives from one shared receive queue
-# (its 1,024 receives made once, 4 MiB for all the sessions).
+# (its 1,024 receives made once, 4 MiB for all the sessions) and complete their sends on shared
+# CQs, from a client that holds its sessions on a shared queue of its own too (no CQ per
+# session on either end: rxe allows about 32,000 CQs per device).
 if [ "$HOLD" -gt 0 ]; then
     "$BIN/secure-server" --listen 10.77.0.1:4804 --certs "$WORK/pki" --max-clients "$MAX" \
         --max-pending 64 --max-pending-per-address 16 --idle-timeout 3600 \
@@ -365,7 +370,7 @@ if [ "$HOLD" -gt 0 ]; then
         >"$WORK/hold-shared-server.log" 2>&1 &
     HSS=$!
     listening 4804
-    hold hold-shared 4804 $HSS
+    hold hold-shared 4804 $HSS --shared-receive-queue 1024
     kill -INT $HSS; wait $HSS || true
 fi
 INNER

@@ -43,16 +43,16 @@ LOGDIR=$ROOT/target/test-logs
 mkdir -p "$LOGDIR"
 T0=$SECONDS
 # Each stage line also says how much disk is left where the build goes: a build that fills the
-# disk fails far from its cause (CI of 2026-11-29: the package could not be written and only 5
-# of 38 lab binaries had been linked).
+# disk fails far from its cause (CI of 2026-11-29 failed as a full disk would make it: no
+# package written, and only 5 of 38 lab binaries run).
 free_gb() { df -Pk "$ROOT" | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }'; }
 stage() { printf '\n==== %s (%ds, %s GiB free)\n' "$*" $((SECONDS - T0)) "$(free_gb)"; }
 
 # A fresh clone is built once: incremental compilation's caches (4.2 GB in a full run) would
 # only be written. The test builds keep line tables, so backtraces still name files and lines,
 # but not the full DWARF of every dependency that each of the ~60 test and lab binaries carried
-# (13.6 GB of executables; the whole target directory was 21 GB). Developers' own builds keep
-# the dev profile's full debug information.
+# (13.6 GB of executables; the whole target directory was 21 GB, now 5.9). Developers' own
+# builds keep the dev profile's full debug information.
 export CARGO_INCREMENTAL=0
 export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 

@@ -148,6 +148,13 @@ struct Cli {
     /// session. 0 makes each on its connection's path [default: 0; `bench connect --warm`: 8]
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
     warm_pool: u32,
+    /// Take every session's and lane's receives from one shared receive queue of this many
+    /// slots per device, their sends completing on shared CQs too, instead of a receive queue,
+    /// 16 receive slots and two CQs per session: for one process holding many sessions
+    /// (`bench hold`). The warm pool then serves no session [default: 0, a receive queue per
+    /// session]
+    #[arg(long, value_name = "SLOTS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    shared_receive_queue: u32,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -230,7 +237,8 @@ async fn run(cli: Cli) -> i32 {
         .with_allow_gid_mismatch(cli.allow_gid_mismatch)
         .with_rdma_acks(cli.rdma_acks)
         .with_lanes(cli.lanes as usize)
-        .with_warm_pool(cli.warm_pool as usize);
+        .with_warm_pool(cli.warm_pool as usize)
+        .with_shared_receive_queue(cli.shared_receive_queue as usize);
     let cfg = match identity {
         Some((cert, key)) => cfg.with_identity(cert, key),
         None => cfg,

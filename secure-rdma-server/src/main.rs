@@ -185,7 +185,8 @@ struct Opts {
     warm_pool: Option<u32>,
     /// Take every session's receives from one shared receive queue of this many slots per
     /// device, reported on one CQ, instead of 16 receive slots, a receive queue and a receive
-    /// CQ per session: less memory per session. Sessions then share one protection domain, so
+    /// CQ per session, and complete their sends on shared send CQs (1,024 entries each): less
+    /// memory per session, and no CQ of its own. Sessions then share one protection domain, so
     /// memory windows are required (not with --no-memory-windows); a client that sends beyond
     /// its 16 receives of credit is cut off; the warm pool does not serve these sessions
     /// [default: 0, a receive queue per session]

@@ -28,9 +28,59 @@ use crate::quota::{Admission, Refusal, TenantQuota, Verb};
 use crate::shared_queue::{Inbox, InboxError, SharedQueue, SharedQueueError};
 use crate::tls::{Tokens, TOKEN_LEN};
 use crate::verbs::{
-    CompletionQueue, Device, GidEntry, MemoryRegion, MemoryWindow, MrAccess, Poll, QpAttributes,
-    QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
+    Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MemoryWindow, MrAccess, Poll,
+    QpAttributes, QpCaps, QueuePair, RemoteBuffer, RtrParams, Rts, RtsParams, VerbsError, WcOpcode,
 };
+
+/// The next completion of a queue pair's sends, `what` naming it in a timeout: from its own
+/// send CQ, or, on a shared queue, as its send CQ's pump routed it to the inbox (polling a
+/// shared CQ here would take other sessions' completions).
+async fn next_sent(
+    send_cq: &CompletionQueue,
+    receive: &mut Receive,
+    what: &str,
+    timeout: Duration,
+) -> Result<Completion, SessionError> {
+    let named = |after| VerbsError::Timeout {
+        what: what.to_owned(),
+        after,
+    };
+    match receive {
+        Receive::Shared(inbox) if inbox.routes_sends() => {
+            inbox.next_sent(timeout).await.map_err(|e| match e {
+                InboxError::Timeout(after) => named(after).into(),
+                other => SessionError::SharedReceive(other),
+            })
+        }
+        _ => send_cq.next(timeout).await.map_err(|e| match e {
+            VerbsError::Timeout { after, .. } => named(after).into(),
+            other => other.into(),
+        }),
+    }
+}
+
+/// [`next_sent`], an error status an error ([`VerbsError::WorkCompletion`]).
+async fn next_sent_ok(
+    send_cq: &CompletionQueue,
+    receive: &mut Receive,
+    what: &str,
+    timeout: Duration,
+) -> Result<Completion, SessionError> {
+    succeeded(next_sent(send_cq, receive, what, timeout).await?)
+}
+
+/// `wc`, or its error status as [`VerbsError::WorkCompletion`].
+fn succeeded(wc: Completion) -> Result<Completion, SessionError> {
+    if !wc.status.is_success() {
+        return Err(VerbsError::WorkCompletion {
+            wr_id: wc.wr_id,
+            opcode: wc.opcode,
+            status: wc.status,
+        }
+        .into());
+    }
+    Ok(wc)
+}
 
 /// Errors of session setup and use.
 #[derive(Debug, thiserror::Error)]
@@ -194,9 +244,9 @@ impl SessionConfig {
     }
 
     /// [`SessionConfig::admit`] for a session on a server's shared receive queue
-    /// ([`Resources::on_shared`]): it makes one CQ (for its sends) and two memory regions (send
-    /// and write slots), and no PD; the queue's PD, SRQ, CQ and receive slots are the server's,
-    /// counted against no tenant, as a warm pool's are until taken.
+    /// ([`Resources::on_shared`]): it makes two memory regions (send and write slots), and no
+    /// PD or CQ; the queue's PD, SRQ, CQs and receive slots are the server's, counted against
+    /// no tenant, as a warm pool's are until taken.
     ///
     /// ```
     /// use secure_rdma::quota::{QuotaConfig, Quotas, TenantInfo};
@@ -204,10 +254,12 @@ impl SessionConfig {
     ///
     /// let quotas = Quotas::new(QuotaConfig::parse("tenant alice CQ_COUNT 1\n", "q")?);
     /// let alice = quotas.register(TenantInfo { identity: "alice".into(), pid: 1, cgroup_id: 1 });
-    /// // A session of its own needs a send CQ and a receive CQ; on the shared queue, one.
+    /// // A session of its own needs a send CQ and a receive CQ; on the shared queue, none, so
+    /// // the one CQ alice may hold does not bound her sessions there.
     /// assert!(SessionConfig::default().admit(&alice).is_err());
-    /// let held = SessionConfig::default().admit_on_shared(&alice)?;
-    /// # drop(held);
+    /// let first = SessionConfig::default().admit_on_shared(&alice)?;
+    /// let second = SessionConfig::default().admit_on_shared(&alice)?;
+    /// # drop((first, second));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn admit_on_shared(&self, quota: &TenantQuota) -> Result<SessionAdmission, Refusal> {
@@ -226,8 +278,10 @@ impl SessionConfig {
         if !shared {
             held.push(quota.admit(Verb::PdAlloc)?);
         }
-        for _ in 0..(if shared { 1 } else { 2 }) {
-            held.push(quota.admit(Verb::CqCreate)?);
+        if !shared {
+            for _ in 0..2 {
+                held.push(quota.admit(Verb::CqCreate)?);
+            }
         }
         let (send_slots, write_slots) = self.slots();
         let data = self.accept_writes.then_some(bs.saturating_mul(write_slots));
@@ -481,10 +535,15 @@ impl Session {
     /// Chooses how this session waits for its completions (both CQs): event-driven (the
     /// default) or busy polling, which takes a core for the lowest latency.
     pub fn set_poll(&self, poll: Poll) {
-        self.qp.send_cq().set_poll(poll);
-        // A shared queue's CQ is its pump's, which waits on events for every session.
-        if let Receive::Own(_) = self.receive {
-            self.qp.recv_cq().set_poll(poll);
+        // A shared queue's CQs are their pumps', which wait on events for every session: a
+        // session there is always event-driven.
+        match &self.receive {
+            Receive::Own(_) => {
+                self.qp.send_cq().set_poll(poll);
+                self.qp.recv_cq().set_poll(poll);
+            }
+            Receive::Shared(inbox) if !inbox.routes_sends() => self.qp.send_cq().set_poll(poll),
+            Receive::Shared(_) => {}
         }
     }
 
@@ -561,31 +620,17 @@ impl Session {
     /// Waits for the oldest operation in flight to complete (completions of
     /// one RC send queue come in posting order).
     async fn complete_one(&mut self) -> Result<(), SessionError> {
-        let what = "an RDMA operation to complete";
-        let wc = self
-            .qp
-            .send_cq()
-            .next(self.config.timeout)
-            .await
-            .map_err(|e| match e {
-                VerbsError::Timeout { after, .. } => VerbsError::Timeout {
-                    what: what.to_owned(),
-                    after,
-                },
-                other => other,
-            })?;
+        let wc = next_sent(
+            self.qp.send_cq(),
+            &mut self.receive,
+            "an RDMA operation to complete",
+            self.config.timeout,
+        )
+        .await?;
         // Consumed whatever its status: a failed operation is no longer in flight either (what
         // [`Session::drain`] counts on).
         self.completed += 1;
-        if !wc.status.is_success() {
-            return Err(VerbsError::WorkCompletion {
-                wr_id: wc.wr_id,
-                opcode: wc.opcode,
-                status: wc.status,
-            }
-            .into());
-        }
-        Ok(())
+        succeeded(wc).map(drop)
     }
 
     /// Puts `data` into the next send slot as it goes on the wire (sealed
@@ -993,9 +1038,9 @@ impl Resources {
         let device = pd.device();
         // What can be posted at once: a send per slot (the token goes alone, before any),
         // the window's bind and its invalidation. rxe's send queue entries are large (its
-        // rings are most of what a session on the shared queue maps), so no more than that.
+        // rings are most of what a session on the shared queue maps), so no more than that;
+        // it is also what the session reserves of the shared send CQ.
         let max_send = (send_slots + 2).max(4);
-        let send_cq = CompletionQueue::new(device, u32::try_from(max_send).unwrap_or(u32::MAX))?;
         let send_mr = MemoryRegion::new(pd, bs * send_slots, MrAccess::Local)?;
         let data_mr = match shape.accept_writes {
             true => Some(MemoryRegion::new(
@@ -1009,13 +1054,9 @@ impl Resources {
             max_send_wr: u32::try_from(max_send).unwrap_or(u32::MAX),
             max_recv_wr: 0,
         };
-        let (qp, inbox) = shared.attach_with(
-            &send_cq,
-            sgid.clone(),
-            caps,
-            shape.recv_slots,
-            shape.accept_writes,
-        )?;
+        // Its sends complete on the queue's shared send CQ: the session makes no CQ.
+        let (qp, inbox) =
+            shared.attach_sending(sgid.clone(), caps, shape.recv_slots, shape.accept_writes)?;
         // After the QP, as in `new`: the kernel destroys the window first on a process's death.
         let window = match &data_mr {
             Some(_) => Some(Arc::new(MemoryWindow::alloc(pd)?)),
@@ -1147,7 +1188,7 @@ impl Prepared {
             window,
             qp,
             send_mr,
-            receive,
+            mut receive,
             data_mr,
             shape,
             ..
@@ -1190,9 +1231,13 @@ impl Prepared {
         // The window is bound before the peer hears we are ready: no WRITE can come earlier.
         if let (Some(w), Some(mr)) = (&window, &data_mr) {
             qp.post_bind_window(BIND_WR, w, mr)?;
-            qp.send_cq()
-                .next_ok("the memory window's bind", config.timeout)
-                .await?;
+            next_sent_ok(
+                qp.send_cq(),
+                &mut receive,
+                "the memory window's bind",
+                config.timeout,
+            )
+            .await?;
         }
         let recv_posted = match receive {
             Receive::Own(_) => config.recv_slots,
@@ -1298,10 +1343,13 @@ impl Session {
     async fn send_token(&mut self, token: &[u8]) -> Result<(), SessionError> {
         self.send_mr.write(0, token)?;
         self.qp.post_send(TOKEN_WR, &self.send_mr, 0..TOKEN_LEN)?;
-        self.qp
-            .send_cq()
-            .next_ok("the confirmation token SEND", self.config.timeout)
-            .await?;
+        next_sent_ok(
+            self.qp.send_cq(),
+            &mut self.receive,
+            "the confirmation token SEND",
+            self.config.timeout,
+        )
+        .await?;
         Ok(())
     }
 }
@@ -1356,14 +1404,20 @@ impl Session {
                 .await
                 .map_err(SessionError::SharedReceive)?;
         }
-        for (cq, n, receives, what) in [
-            (qp.recv_cq(), outstanding_recv, true, "the receives flushed"),
-            (qp.send_cq(), outstanding_send, false, "the sends flushed"),
+        for (n, receives, what) in [
+            (outstanding_recv, true, "the receives flushed"),
+            (outstanding_send, false, "the sends flushed"),
         ] {
             for _ in 0..n {
-                let wc = cq.next(timeout).await.map_err(|e| match e {
-                    VerbsError::Timeout { after, .. } => SessionError::Timeout(after, what),
-                    other => other.into(),
+                let wc = match receives {
+                    true => qp.recv_cq().next(timeout).await.map_err(Into::into),
+                    false => next_sent(qp.send_cq(), &mut self.receive, what, timeout).await,
+                }
+                .map_err(|e| match e {
+                    SessionError::Verbs(VerbsError::Timeout { after, .. }) => {
+                        SessionError::Timeout(after, what)
+                    }
+                    other => other,
                 })?;
                 // A receive that completed successfully is a message that landed before the
                 // QP stopped and that nobody took; everything else is a flush.

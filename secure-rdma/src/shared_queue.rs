@@ -9,6 +9,15 @@
 //! again, and hands the message to the queue pair's [`Inbox`], in the order the CQ reported
 //! them (an RC queue pair's receives complete in order, and a session counts on it).
 //!
+//! **Sends.** A queue pair attached with [`SharedQueue::attach_sending`] also reports its sends'
+//! completions to a CQ it shares: one send CQ per group of queue pairs, each with its own pump
+//! that hands every completion to its queue pair's [`Inbox`] ([`Inbox::next_sent`]), so that a
+//! session on the shared queue makes no CQ at all (rxe allows about 32,000 CQs per device: with
+//! a send CQ each, that many sessions and no more). A group's CQ is never promised more entries
+//! than it has: each queue pair reserves its send queue's depth there (every send it can have
+//! in flight), so the CQ cannot overflow however late its pump runs, and a queue pair that does
+//! not fit opens the next group.
+//!
 //! **Isolation.** Every queue pair on one shared queue is on its protection domain: a memory
 //! region's rkey granting remote access would then be usable from any of them. A queue pair
 //! attached here may therefore only grant remote access through a type 2 memory window bound
@@ -62,6 +71,10 @@ pub enum InboxError {
     /// Nothing arrived in time.
     #[error("nothing arrived within {0:?}")]
     Timeout(Duration),
+    /// [`Inbox::next_sent`] on a queue pair whose sends complete on a CQ of its own
+    /// ([`SharedQueue::attach`]): poll that CQ instead.
+    #[error("this queue pair's sends complete on its own CQ (attached with attach, not attach_sending); poll that CQ")]
+    SendsNotRouted,
 }
 
 /// One message routed to a queue pair: a SEND's bytes, or a WRITE WITH IMMEDIATE's immediate
@@ -142,6 +155,154 @@ impl Routes {
     }
 }
 
+type Sent = Result<Completion, InboxError>;
+
+/// One queue pair's send completions, routed and not yet taken: at most its send queue's depth
+/// of them (what it reserved), so a few entries where a channel would allocate a block of 32
+/// per queue pair (measured: a server session on the shared queue cost 1 KiB more with one).
+#[derive(Default)]
+struct SentQueue {
+    queue: Mutex<std::collections::VecDeque<Sent>>,
+    /// One consumer: a push stores a permit when nobody waits, so none is missed.
+    ready: tokio::sync::Notify,
+}
+
+impl SentQueue {
+    fn push(&self, sent: Sent) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(sent);
+        self.ready.notify_one();
+    }
+
+    fn try_pop(&self) -> Option<Sent> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    /// The next completion (cancel-safe: one is taken only when returned).
+    async fn pop(&self) -> Sent {
+        loop {
+            if let Some(sent) = self.try_pop() {
+                return sent;
+            }
+            self.ready.notified().await;
+        }
+    }
+}
+
+/// Where the pump of one CQ, that the sends of several queue pairs complete on, routes them.
+struct SendGroup {
+    /// Entries the CQ was made with.
+    depth: usize,
+    /// Entries promised to the queue pairs attached (each its send queue's depth); never above
+    /// `depth`, changed only under [`SharedQueue`]'s lock of its groups.
+    reserved: AtomicUsize,
+    by_qpn: Mutex<HashMap<u32, Arc<SentQueue>>>,
+    /// Completions for a queue pair no longer attached (the flushes of one dropped undrained).
+    unrouted: AtomicUsize,
+}
+
+impl SendGroup {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<SentQueue>>> {
+        self.by_qpn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deliver(&self, wc: Completion) {
+        let routes = self.lock();
+        match routes.get(&wc.qp_num) {
+            Some(queue) => queue.push(Ok(wc)),
+            None => {
+                self.unrouted.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    qpn = wc.qp_num,
+                    wr_id = wc.wr_id,
+                    "a send completion for a queue pair no longer attached; dropped"
+                );
+            }
+        }
+    }
+}
+
+/// A queue pair's place in a [`SendGroup`]: its route, and the CQ entries it reserved, both
+/// given back when it is dropped (after the queue pair, which [`crate::session`] keeps first).
+struct SendRoute {
+    group: Arc<SendGroup>,
+    /// Set once the queue pair is made and routed.
+    qpn: Option<u32>,
+    reserved: usize,
+    sent: Arc<SentQueue>,
+}
+
+impl SendRoute {
+    /// Routes `qpn`'s completions here: before anything is posted on it, so that none of them
+    /// can come earlier.
+    fn open(&mut self, qpn: u32) {
+        self.group.lock().insert(qpn, Arc::clone(&self.sent));
+        self.qpn = Some(qpn);
+    }
+}
+
+impl Drop for SendRoute {
+    fn drop(&mut self) {
+        if let Some(qpn) = self.qpn {
+            self.group.lock().remove(&qpn);
+        }
+        self.group
+            .reserved
+            .fetch_sub(self.reserved, Ordering::AcqRel);
+    }
+}
+
+impl SendGroup {
+    fn new(depth: usize) -> SendGroup {
+        SendGroup {
+            depth,
+            reserved: AtomicUsize::new(0),
+            by_qpn: Mutex::default(),
+            unrouted: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether `need` more entries fit in the CQ.
+    fn fits(&self, need: usize) -> bool {
+        self.depth - self.reserved.load(Ordering::Acquire) >= need
+    }
+
+    /// Reserves `need` entries for a queue pair about to be made, given back when the route
+    /// returned is dropped; [`SendRoute::open`] then routes its completions there. The caller
+    /// has checked [`SendGroup::fits`] under the lock of the groups.
+    fn reserve(self: &Arc<Self>, need: usize) -> SendRoute {
+        self.reserved.fetch_add(need, Ordering::AcqRel);
+        SendRoute {
+            group: Arc::clone(self),
+            qpn: None,
+            reserved: need,
+            sent: Arc::default(),
+        }
+    }
+}
+
+/// The one consumer of a send group's CQ.
+async fn send_pump(cq: Arc<CompletionQueue>, group: Arc<SendGroup>) {
+    loop {
+        match cq.next_unbounded().await {
+            Ok(wc) => group.deliver(wc),
+            Err(e) => {
+                let why = e.to_string();
+                tracing::error!(error = %why, "a shared send CQ's pump stopped");
+                for (_, queue) in group.lock().drain() {
+                    queue.push(Err(InboxError::Stopped(why.clone())));
+                }
+                return;
+            }
+        }
+    }
+}
+
 /// Routes `qpn`'s messages to a new inbox, at most `credit` of them waiting.
 fn attach(
     routes: &Arc<Routes>,
@@ -169,6 +330,7 @@ fn attach(
         waiting,
         routes: Arc::downgrade(routes),
         requests,
+        sends: None,
     }
 }
 
@@ -187,6 +349,12 @@ pub struct SharedQueueStats {
     pub unrouted: u64,
     /// Queue pairs cut off for sending beyond their credit.
     pub over_credit: u64,
+    /// CQs the attached queue pairs' sends complete on ([`SharedQueue::attach_sending`]).
+    pub send_cqs: usize,
+    /// Send CQ entries reserved by the queue pairs attached now.
+    pub send_reserved: usize,
+    /// Send completions for a queue pair no longer attached, dropped.
+    pub sends_unrouted: usize,
 }
 
 /// One shared receive queue of `slots` receives and the CQ they complete on, with the pump
@@ -199,10 +367,16 @@ pub struct SharedQueueStats {
 /// use secure_rdma::verbs::{CompletionQueue, QpCaps};
 /// // 1,024 receives of 4 KiB for every queue pair attached below.
 /// let shared = SharedQueue::new(&device, 1024, 4096)?;
-/// let send_cq = CompletionQueue::new(&device, 32)?;
-/// let (qp, mut inbox) = shared.attach(&send_cq, gid, QpCaps::default(), 16)?;
+/// // Its sends complete on one of the queue's send CQs too: no CQ of its own.
+/// let caps = QpCaps { max_send_wr: 4, max_recv_wr: 0 };
+/// let (qp, mut inbox) = shared.attach_sending(gid.clone(), caps, 16, false)?;
 /// // ... connect `qp` to its peer; then each message it receives:
 /// let message = inbox.next().await?;
+/// // And, after posting a send, its completion:
+/// let sent = inbox.next_sent(std::time::Duration::from_secs(1)).await?;
+/// // A queue pair may also send through a CQ of its own:
+/// let send_cq = CompletionQueue::new(&device, 32)?;
+/// let (other, mut its_inbox) = shared.attach(&send_cq, gid, QpCaps::default(), 16)?;
 /// # Ok(()) }
 /// ```
 pub struct SharedQueue {
@@ -214,7 +388,24 @@ pub struct SharedQueue {
     routes: Arc<Routes>,
     requests: mpsc::UnboundedSender<Request>,
     pump: tokio::task::JoinHandle<()>,
+    /// The send CQs of queue pairs attached with [`SharedQueue::attach_sending`], each with
+    /// its pump, made as they are needed.
+    sends: Mutex<Vec<SendCq>>,
+    send_depth: usize,
 }
+
+/// A shared send CQ, where its pump routes, and the pump.
+struct SendCq {
+    cq: Arc<CompletionQueue>,
+    group: Arc<SendGroup>,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+/// Entries of each send CQ a [`SharedQueue`] makes: 256 sessions of 4 sends each. rxe maps
+/// about 55 bytes of ring per entry (measured: 4,096 entries cost 220 KiB), all of it from the
+/// start, so a CQ much larger than the sessions it serves costs more than the CQs it saves;
+/// 50,000 such sessions take 196 of these CQs, where rxe allows about 32,000 per device.
+pub const SEND_CQ_DEPTH: usize = 1024;
 
 impl std::fmt::Debug for SharedQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -229,6 +420,9 @@ impl std::fmt::Debug for SharedQueue {
 impl Drop for SharedQueue {
     fn drop(&mut self) {
         self.pump.abort();
+        for send in self.sends.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            send.pump.abort();
+        }
     }
 }
 
@@ -253,6 +447,29 @@ impl SharedQueue {
         slots: usize,
         slot_len: usize,
         counters: SharedQueueCounters,
+    ) -> Result<Arc<SharedQueue>, SharedQueueError> {
+        SharedQueue::build(device, slots, slot_len, counters, SEND_CQ_DEPTH)
+    }
+
+    /// [`SharedQueue::new`] whose send CQs ([`SharedQueue::attach_sending`]) have
+    /// `send_cq_depth` entries each instead of [`SEND_CQ_DEPTH`]: smaller for a server of few
+    /// sessions, larger for fewer CQs (rxe allows 32,767 entries a CQ).
+    pub fn with_send_cq_depth(
+        device: &Arc<Device>,
+        slots: usize,
+        slot_len: usize,
+        send_cq_depth: usize,
+    ) -> Result<Arc<SharedQueue>, SharedQueueError> {
+        let counters = SharedQueueCounters::default();
+        SharedQueue::build(device, slots, slot_len, counters, send_cq_depth.max(1))
+    }
+
+    fn build(
+        device: &Arc<Device>,
+        slots: usize,
+        slot_len: usize,
+        counters: SharedQueueCounters,
+        send_depth: usize,
     ) -> Result<Arc<SharedQueue>, SharedQueueError> {
         if !device.has_type2_windows() {
             return Err(SharedQueueError::NoWindows(device.name().to_owned()));
@@ -291,6 +508,8 @@ impl SharedQueue {
             routes,
             requests,
             pump,
+            sends: Mutex::default(),
+            send_depth,
         }))
     }
 
@@ -340,12 +559,76 @@ impl SharedQueue {
         Ok((qp, inbox))
     }
 
+    /// [`SharedQueue::attach_with`] for a queue pair whose sends complete on one of this
+    /// queue's send CQs too, routed to its inbox ([`Inbox::next_sent`]): it makes no CQ of its
+    /// own. It reserves `caps.max_send_wr` entries of that CQ (all it can have in flight)
+    /// until the inbox is dropped; a CQ without room for them is not used, the next is made.
+    pub fn attach_sending(
+        &self,
+        sgid: GidEntry,
+        caps: QpCaps,
+        credit: usize,
+        remote_write: bool,
+    ) -> Result<(QueuePair<Init>, Inbox), SharedQueueError> {
+        let need = caps.max_send_wr.max(1) as usize;
+        if need > self.send_depth {
+            return Err(SharedQueueError::SendQueueTooDeep {
+                wr: need,
+                depth: self.send_depth,
+            });
+        }
+        // Room is reserved under the lock of the groups, so no other queue pair can take it;
+        // the QP is made outside it (a verb call, slow under emulation), and the reservation
+        // is given back if that fails.
+        let (cq, mut route) = {
+            let mut groups = self.sends.lock().unwrap_or_else(|p| p.into_inner());
+            // The first group with room: groups are refilled as queue pairs leave them, so a
+            // server that shrinks does not keep a CQ per burst it once had.
+            let at = match groups.iter().position(|g| g.group.fits(need)) {
+                Some(at) => at,
+                None => {
+                    let depth = u32::try_from(self.send_depth)
+                        .map_err(|_| SharedQueueError::TooLarge(self.send_depth))?;
+                    let cq = CompletionQueue::new(self.pd.device(), depth)?;
+                    let group = Arc::new(SendGroup::new(self.send_depth));
+                    let pump = tokio::spawn(send_pump(Arc::clone(&cq), Arc::clone(&group)));
+                    groups.push(SendCq { cq, group, pump });
+                    groups.len() - 1
+                }
+            };
+            (Arc::clone(&groups[at].cq), groups[at].group.reserve(need))
+        };
+        let qp = QueuePair::create_on_srq(&self.pd, &cq, &self.cq, &self.srq, sgid, caps)?
+            .into_init(remote_write)?;
+        route.open(qp.qpn().get());
+        let mut inbox = attach(&self.routes, qp.qpn(), credit, self.requests.clone());
+        inbox.sends = Some(route);
+        Ok((qp, inbox))
+    }
+
     /// What the queue counted so far.
     pub fn stats(&self) -> SharedQueueStats {
         SharedQueueStats {
             attached: self.routes.lock().len(),
             unrouted: self.routes.counters.unrouted.get(),
             over_credit: self.routes.counters.over_credit.get(),
+            ..self.send_stats()
+        }
+    }
+
+    fn send_stats(&self) -> SharedQueueStats {
+        let groups = self.sends.lock().unwrap_or_else(|p| p.into_inner());
+        SharedQueueStats {
+            send_cqs: groups.len(),
+            send_reserved: groups
+                .iter()
+                .map(|g| g.group.reserved.load(Ordering::Acquire))
+                .sum(),
+            sends_unrouted: groups
+                .iter()
+                .map(|g| g.group.unrouted.load(Ordering::Relaxed))
+                .sum(),
+            ..SharedQueueStats::default()
         }
     }
 }
@@ -363,6 +646,14 @@ pub enum SharedQueueError {
     /// More slots than a verb can count.
     #[error("{0} receive slots are more than the device can be asked for")]
     TooLarge(usize),
+    /// A queue pair whose send queue is deeper than a shared send CQ.
+    #[error("a send queue of {wr} work requests does not fit a shared send CQ of {depth} entries; use fewer send slots")]
+    SendQueueTooDeep {
+        /// The queue pair's send queue depth.
+        wr: usize,
+        /// Entries of each shared send CQ.
+        depth: usize,
+    },
 }
 
 /// The messages routed to one queue pair on a [`SharedQueue`], in the order they arrived.
@@ -375,6 +666,8 @@ pub struct Inbox {
     waiting: Arc<AtomicUsize>,
     routes: Weak<Routes>,
     requests: mpsc::UnboundedSender<Request>,
+    /// Where its sends' completions come, when they complete on a shared send CQ.
+    sends: Option<SendRoute>,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -419,6 +712,24 @@ impl Inbox {
         InboxError::OverCredit {
             credit: self.credit,
         }
+    }
+
+    /// Whether this queue pair's send completions are routed here ([`Inbox::next_sent`]), as
+    /// for one attached with [`SharedQueue::attach_sending`].
+    pub fn routes_sends(&self) -> bool {
+        self.sends.is_some()
+    }
+
+    /// The next completion of this queue pair's sends, whatever its status, in the order they
+    /// completed (an RC send queue completes in posting order), at most `timeout`.
+    /// Cancel-safe. [`InboxError::SendsNotRouted`] unless [`Inbox::routes_sends`].
+    pub async fn next_sent(&mut self, timeout: Duration) -> Result<Completion, InboxError> {
+        let Some(route) = self.sends.as_mut() else {
+            return Err(InboxError::SendsNotRouted);
+        };
+        tokio::time::timeout(timeout, route.sent.pop())
+            .await
+            .unwrap_or(Err(InboxError::Timeout(timeout)))
     }
 
     /// [`Inbox::next`], at most `timeout`.
@@ -673,6 +984,123 @@ mod tests {
         assert_eq!(routes.lock().len(), 0);
         routes.deliver(0x11, send("late"));
         assert_eq!(routes.counters.unrouted.get(), 1);
+    }
+
+    fn sent(qpn: u32, wr_id: u64) -> Completion {
+        Completion {
+            wr_id,
+            status: WcStatus(0),
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: qpn,
+        }
+    }
+
+    /// A queue pair's send route, as `attach_sending` makes it.
+    fn joined(group: &Arc<SendGroup>, qpn: u32, need: usize) -> Inbox {
+        let routes = Arc::new(Routes::default());
+        let mut inbox = inbox(&routes, qpn, 1);
+        let mut route = group.reserve(need);
+        route.open(qpn);
+        inbox.sends = Some(route);
+        inbox
+    }
+
+    #[tokio::test]
+    async fn each_queue_pair_gets_its_own_send_completions_in_order() {
+        let group = Arc::new(SendGroup::new(64));
+        let mut a = joined(&group, 0x11, 4);
+        let mut b = joined(&group, 0x12, 4);
+        for (qpn, wr_id) in [(0x11, 1), (0x12, 7), (0x11, 2), (0x11, 3), (0x12, 8)] {
+            group.deliver(sent(qpn, wr_id));
+        }
+        let got = |inbox: &mut Inbox| {
+            let mut ids = Vec::new();
+            while let Some(Some(Ok(wc))) = inbox.sends.as_ref().map(|r| r.sent.try_pop()) {
+                assert_eq!(
+                    wc.qp_num,
+                    inbox.qpn.get(),
+                    "another queue pair's completion"
+                );
+                ids.push(wc.wr_id);
+            }
+            ids
+        };
+        assert_eq!(got(&mut a), [1, 2, 3]);
+        assert_eq!(got(&mut b), [7, 8]);
+        assert_eq!(
+            a.next_sent(Duration::from_millis(10)).await,
+            Err(InboxError::Timeout(Duration::from_millis(10)))
+        );
+        group.deliver(sent(0x12, 9));
+        assert_eq!(
+            b.next_sent(Duration::from_secs(1)).await.map(|wc| wc.wr_id),
+            Ok(9)
+        );
+    }
+
+    /// A session waiting for its completion is woken by it, and one that gave up waiting
+    /// (a timeout, a `select!` that took another branch) loses nothing.
+    #[tokio::test]
+    async fn a_waiting_queue_pair_is_woken_and_a_cancelled_wait_loses_nothing() {
+        let group = Arc::new(SendGroup::new(8));
+        let mut a = joined(&group, 0x11, 4);
+        assert!(a.next_sent(Duration::from_millis(5)).await.is_err());
+        let waiter = tokio::spawn(async move {
+            let wc = a.next_sent(Duration::from_secs(5)).await;
+            (wc, a)
+        });
+        tokio::task::yield_now().await;
+        group.deliver(sent(0x11, 1));
+        let (wc, mut a) = waiter.await.expect("task");
+        assert_eq!(wc.map(|wc| wc.wr_id), Ok(1));
+        group.deliver(sent(0x11, 2));
+        group.deliver(sent(0x11, 3));
+        assert_eq!(
+            a.next_sent(Duration::from_secs(1)).await.map(|w| w.wr_id),
+            Ok(2)
+        );
+        assert_eq!(
+            a.next_sent(Duration::from_secs(1)).await.map(|w| w.wr_id),
+            Ok(3)
+        );
+    }
+
+    /// The CQ cannot overflow: what the attached queue pairs can have in flight never exceeds
+    /// its entries, and a queue pair that leaves gives its room back.
+    #[tokio::test]
+    async fn a_send_group_is_never_promised_more_than_its_entries() {
+        let group = Arc::new(SendGroup::new(10));
+        let a = joined(&group, 0x11, 4);
+        let _b = joined(&group, 0x12, 4);
+        assert!(group.fits(2), "8 of 10 reserved");
+        assert!(
+            !group.fits(4),
+            "a third queue pair of 4 needs the next group"
+        );
+        drop(a);
+        assert!(group.fits(4), "room given back when a queue pair leaves");
+        assert_eq!(group.lock().len(), 1, "and its route is gone");
+        // Its late completions (the flushes of a queue pair dropped undrained) are counted.
+        group.deliver(sent(0x11, 5));
+        assert_eq!(group.unrouted.load(Ordering::Relaxed), 1);
+        // A reservation whose queue pair could not be made is given back too.
+        let failed = group.reserve(6);
+        assert!(!group.fits(1));
+        drop(failed);
+        assert!(group.fits(6));
+    }
+
+    #[tokio::test]
+    async fn a_queue_pair_with_its_own_send_cq_is_told_to_poll_it() {
+        let routes = Arc::new(Routes::default());
+        let mut own = inbox(&routes, 0x11, 1);
+        assert!(!own.routes_sends());
+        assert_eq!(
+            own.next_sent(Duration::from_secs(1)).await,
+            Err(InboxError::SendsNotRouted)
+        );
     }
 
     #[tokio::test]

@@ -82,20 +82,23 @@ impl Lines {
         self.0 .0.lock().unwrap().lines.clone()
     }
 
-    /// Waits until `count` lines satisfy `pred`; fails the test at the deadline.
+    /// Waits until `count` lines satisfy `pred` and returns the first of them (empty if none
+    /// and `count` is 0); fails the test at the deadline.
     pub fn wait_for(
         &self,
         what: &str,
         count: usize,
         deadline: Duration,
         pred: impl Fn(&str) -> bool,
-    ) {
+    ) -> String {
         let (m, cv) = &*self.0;
         let start = Instant::now();
         let mut g = m.lock().unwrap();
         loop {
-            if g.lines.iter().filter(|l| pred(l)).count() >= count {
-                return;
+            let mut matching = g.lines.iter().filter(|l| pred(l));
+            let first = matching.next();
+            if usize::from(first.is_some()) + matching.count() >= count {
+                return first.cloned().unwrap_or_default();
             }
             let left = deadline.checked_sub(start.elapsed()).unwrap_or_else(|| {
                 panic!(
@@ -335,7 +338,13 @@ pub fn client(pki: &Pki, server: &ServerProc, name: Option<&str>) -> Command {
 /// `secure-client bench hold -n N` as client `hold` against `server`: 16 connections in
 /// flight, every session held 2 s, its report as one JSON line.
 pub fn bench_hold(pki: &Pki, server: &ServerProc, n: u64) -> Command {
+    bench_hold_with(pki, server, n, &[])
+}
+
+/// [`bench_hold`] with the client's own `flags` (before the subcommand).
+pub fn bench_hold_with(pki: &Pki, server: &ServerProc, n: u64, flags: &[&str]) -> Command {
     let mut cmd = client(pki, server, Some("hold"));
+    cmd.args(flags);
     cmd.args(["bench", "hold", "-n", &n.to_string()]).args([
         "--concurrency",
         "16",

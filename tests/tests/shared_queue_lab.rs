@@ -15,7 +15,8 @@ use std::time::Duration;
 use secure_rdma_tests::example::MessageServer;
 use secure_rdma_tests::piped::Piped;
 use secure_rdma_tests::secure::{
-    bench_hold, client, hostile_client_with, sample, scrape, small_tcp_buffers, Pki, ServerProc,
+    bench_hold_with, client, hostile_client_with, sample, scrape, small_tcp_buffers, Pki,
+    ServerProc,
 };
 use secure_rdma_tests::stream::{
     assert_exactly_once_any_order, assert_exactly_once_in_order, StreamRun, StreamSpec,
@@ -118,15 +119,17 @@ fn three_clients_through_one_shared_receive_queue_each_get_every_operation_exact
     );
 }
 
-/// `bench hold -n N` against a `secure-server` with `flags`: the server's RSS growth per held
-/// session (its peak while the sessions are held, less its idle RSS), after checking that
-/// every session was established and delivered its message, counted by the server.
+/// `bench hold -n N` (with the client's `client_flags`) against a `secure-server` with `flags`:
+/// the server's RSS growth per held session (its peak while the sessions are held, less its
+/// idle RSS), after checking that every session was established and delivered its message,
+/// counted by the server; and the client's report.
 fn server_kib_per_held_session(
     pki: &Pki,
     port: u16,
     metrics_port: u16,
     n: u64,
     flags: &[&str],
+    client_flags: &[&str],
 ) -> (f64, Value) {
     let metrics = format!("127.0.0.1:{metrics_port}");
     let mut args = vec![
@@ -143,7 +146,7 @@ fn server_kib_per_held_session(
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = ServerProc::start_with_log(pki, port, &args, "warn,secure_server=info");
     let what = format!("bench hold -n {n} against secure-server {flags:?}");
-    let mut cmd = bench_hold(pki, &server, n);
+    let mut cmd = bench_hold_with(pki, &server, n, client_flags);
     let (idle, peak, out) =
         server.rss_during(|| wait_with_deadline(spawn(&mut cmd), Duration::from_secs(600), &what));
     assert!(
@@ -192,14 +195,26 @@ fn a_server_on_a_shared_receive_queue_holds_each_session_in_less_memory() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
-    let (own, _) = server_kib_per_held_session(&pki, 4791, 9791, n, &[]);
-    // 64 receives for all of them: made once, 0.9 KiB per session at 300.
-    let (shared, _) =
-        server_kib_per_held_session(&pki, 4792, 9792, n, &["--shared-receive-queue", "64"]);
+    let (own, own_client) = server_kib_per_held_session(&pki, 4791, 9791, n, &[], &[]);
+    // 64 receives for all of them: made once, 0.9 KiB per session at 300. The client holds
+    // its sessions on a shared queue of its own too.
+    let shared_flags = ["--shared-receive-queue", "64"];
+    let (shared, shared_client) =
+        server_kib_per_held_session(&pki, 4792, 9792, n, &shared_flags, &shared_flags);
+    let client_kib = |v: &Value| v["rss_per_session_kib"].as_f64().unwrap_or(f64::NAN);
+    let (own_client, shared_client) = (client_kib(&own_client), client_kib(&shared_client));
     eprintln!(
         "server memory per held session, {n} sessions: {own:.1} KiB with a receive queue each, \
-         {shared:.1} KiB on one shared receive queue ({:.2}x)",
-        shared / own
+         {shared:.1} KiB on one shared receive queue ({:.2}x); the client's: {own_client:.1} \
+         against {shared_client:.1} KiB ({:.2}x)",
+        shared / own,
+        shared_client / own_client
+    );
+    // The client's 16 receive slots, receive queue and both CQs go too.
+    assert!(
+        shared_client < 0.75 * own_client,
+        "the client's {shared_client:.1} KiB per session on its shared queue against \
+         {own_client:.1} KiB without"
     );
     // Each session's own 16 receive slots (66 KiB) and receive CQ and queue rings go: well
     // over a quarter of what a session costs.
@@ -209,47 +224,60 @@ fn a_server_on_a_shared_receive_queue_holds_each_session_in_less_memory() {
     );
 }
 
-/// The quota charges a session on the shared queue for what it makes itself: one CQ (for its
-/// sends) where a session with its own receive queue makes two; the queue's own PD, CQ and
-/// receive slots are the server's. With one CQ allowed, a session of its own is refused before
-/// anything is made, and the same client on the shared queue is served.
+/// The quota charges a session on the shared queue for what it makes itself: no CQ (its
+/// receives and its sends complete on the queue's CQs) where a session with its own receive
+/// queue makes two; the queue's own PD, CQs and receive slots are the server's. With one CQ
+/// allowed, a session of its own is refused before anything is made, and on the shared queue
+/// the same client is served with two more lanes (with a send CQ per session, the first extra
+/// lane was refused: two CQs).
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
-fn on_the_shared_queue_a_session_is_charged_one_cq_not_two() {
+fn on_the_shared_queue_a_session_and_its_lanes_are_charged_no_cq() {
     require_lab();
     let pki = Pki::new();
     pki.clients(&["sq-quota".to_owned()]);
-    let once = |server: &ServerProc| {
+    let once = |server: &ServerProc, flags: &[&str], commands: &[&str]| {
+        let mut args = flags.to_vec();
+        for c in commands {
+            args.extend(["-e", c]);
+        }
         wait_with_deadline(
-            spawn(client(&pki, server, Some("sq-quota")).args([
-                "-e",
-                "send charged",
-                "-e",
-                "quit",
-            ])),
+            spawn(client(&pki, server, Some("sq-quota")).args(args)),
             STEP,
             "secure-client",
         )
     };
     let own = ServerProc::start(&pki, 4793, &["--limit", "CQ_COUNT=1"]);
-    let out = once(&own);
+    let out = once(&own, &[], &["send charged", "quit"]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("quota exceeded: CQ_COUNT limit 1"), "{err}");
     drop(own);
 
+    // Three QPs of one tenant (the session and two lanes) under a limit of one CQ: each makes
+    // its QP and regions, and its receives and sends complete on the queue's CQs.
     let shared = ServerProc::start(
         &pki,
         4794,
-        &["--limit", "CQ_COUNT=1", "--shared-receive-queue", "32"],
+        &[
+            "--limit",
+            "CQ_COUNT=1",
+            "--shared-receive-queue",
+            "32",
+            "--max-lanes-per-identity",
+            "3",
+        ],
     );
-    let out = once(&shared);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
+    let out = once(
+        &shared,
+        &["--lanes", "3"],
+        &["send charged", "lanes", "quit"],
     );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for lane in ["lane 0:", "lane 1:", "lane 2:"] {
+        assert!(stdout.contains(lane), "{lane} open:\n{stdout}\n{stderr}");
+    }
     let got: Vec<String> = shared
         .delivered("SEND received")
         .into_iter()
@@ -292,14 +320,8 @@ fn flood_beyond_the_credit(port: u16, metrics_port: u16, every: u64) -> Duration
         calm.op(&format!("send calm-{i}"));
     }
     let is_gone = |l: &str| l.contains("client gone") && l.contains("greedy");
-    server.log.wait_for("greedy gone", 1, STEP, is_gone);
+    let gone = server.log.wait_for("greedy gone", 1, STEP, is_gone);
     let lasted = flooding.elapsed();
-    let gone = server
-        .log
-        .snapshot()
-        .into_iter()
-        .find(|l| is_gone(l))
-        .unwrap_or_default();
     wait_with_deadline(greedy, STEP, "hostile-client");
     let flood = out.snapshot().last().cloned().unwrap_or_default();
     println!(

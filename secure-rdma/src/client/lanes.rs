@@ -263,7 +263,7 @@ impl super::Client {
                 Some(p)
             }
         };
-        let (prepared, path) = setup.warm.prepare(
+        let (prepared, path) = setup.provision.prepare(
             &setup.device,
             &setup.sgid,
             Secrets { tokens, protection },

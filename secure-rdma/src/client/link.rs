@@ -41,8 +41,8 @@ pub(crate) struct LaneSetup {
     pub(crate) session_cfg: crate::session::SessionConfig,
     pub(crate) cipher: Option<crate::protect::Cipher>,
     pub(crate) rekey: crate::protect::RekeyPolicy,
-    /// The connector's pools of resources made ahead.
-    pub(crate) warm: std::sync::Arc<crate::warm::WarmPools>,
+    /// The connector's sources of resources: its shared queues and pools made ahead.
+    pub(crate) provision: std::sync::Arc<super::provision::Provision>,
 }
 
 impl Link {

@@ -22,6 +22,7 @@ use crate::session::{Secrets, Session, SessionConfig, SessionError};
 
 mod lanes;
 mod link;
+mod provision;
 mod stream;
 
 use crate::tls;
@@ -92,6 +93,13 @@ pub struct ClientConfig {
     /// a thread of its own; each serves one session. 0, the default, makes each connection's
     /// on its path.
     pub warm_pool: usize,
+    /// Receive slots of one shared receive queue per device that all of a [`Connector`]'s
+    /// sessions and lanes take their receives from, their sends completing on shared CQs too
+    /// ([`crate::shared_queue`]): one process holding many sessions (`secure-client bench
+    /// hold`) then makes no receive queue, receive slots or CQ per session. A session whose
+    /// messages are larger than the first session's makes its own. 0, the default, gives each
+    /// session its own, and only then does the warm pool serve them.
+    pub shared_receive_queue: usize,
 }
 
 impl ClientConfig {
@@ -115,6 +123,7 @@ impl ClientConfig {
             backoff: Backoff::default(),
             lanes: 1,
             warm_pool: 0,
+            shared_receive_queue: 0,
         }
     }
 
@@ -139,6 +148,18 @@ impl ClientConfig {
     /// ```
     pub fn with_warm_pool(mut self, resources: usize) -> ClientConfig {
         self.warm_pool = resources;
+        self
+    }
+
+    /// Sets [`ClientConfig::shared_receive_queue`].
+    ///
+    /// ```
+    /// use secure_rdma::client::ClientConfig;
+    /// let cfg = ClientConfig::new("10.77.0.1").with_shared_receive_queue(1024);
+    /// assert_eq!(cfg.shared_receive_queue, 1024);
+    /// ```
+    pub fn with_shared_receive_queue(mut self, slots: usize) -> ClientConfig {
+        self.shared_receive_queue = slots;
         self
     }
 
@@ -562,8 +583,8 @@ struct ConnectorInner {
     tls: Mutex<Option<Arc<rustls::ClientConfig>>>,
     /// The device and GID for the local address they were picked for.
     device: Mutex<Option<(std::net::IpAddr, Arc<Device>, crate::verbs::GidEntry)>>,
-    /// Resources made ahead for the next connections and lanes.
-    warm: Arc<crate::warm::WarmPools>,
+    /// Resources made ahead for the next connections and lanes, and the shared queues.
+    provision: Arc<provision::Provision>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -580,7 +601,10 @@ impl Connector {
     pub fn new(cfg: ClientConfig) -> Connector {
         Connector {
             inner: Arc::new(ConnectorInner {
-                warm: Arc::new(crate::warm::WarmPools::new(cfg.warm_pool)),
+                provision: Arc::new(provision::Provision::new(
+                    cfg.warm_pool,
+                    cfg.shared_receive_queue,
+                )),
                 cfg,
                 tls: Mutex::new(None),
                 device: Mutex::new(None),
@@ -598,9 +622,9 @@ impl Connector {
     /// of the warm path starts its clock on full pools.
     pub fn warm_stats(&self, wait_full: Option<Duration>) -> crate::warm::WarmStats {
         if let Some(timeout) = wait_full {
-            self.inner.warm.wait_full(timeout);
+            self.inner.provision.warm.wait_full(timeout);
         }
-        self.inner.warm.stats()
+        self.inner.provision.warm.stats()
     }
 
     /// Connects like [`Client::connect`].
@@ -836,7 +860,7 @@ impl Connector {
         let secrets = Secrets { tokens, protection };
         let (prepared, path) = self
             .inner
-            .warm
+            .provision
             .prepare(&device, &sgid, secrets, session_cfg);
         let established = match prepared {
             Ok(prepared) => Session::establish_prepared(&mut chan, prepared).await,
@@ -875,7 +899,7 @@ impl Connector {
                 session_cfg,
                 cipher,
                 rekey: rekey.unwrap_or_else(crate::protect::RekeyPolicy::off),
-                warm: Arc::clone(&self.inner.warm),
+                provision: Arc::clone(&self.inner.provision),
             }),
         };
         Ok((link, identity, device, resume, phases))

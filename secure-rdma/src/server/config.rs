@@ -113,7 +113,8 @@ pub struct ServerConfig {
     pub warm_pool: usize,
     /// Receive slots of one shared receive queue per device that every session and lane
     /// takes its receives from ([`crate::shared_queue`]), instead of a receive queue, receive
-    /// slots and a receive CQ of each session's own; sessions then share one protection
+    /// slots and a receive CQ of each session's own; their sends complete on the queue's shared
+    /// send CQs too, so a session makes no CQ. Sessions then share one protection
     /// domain, so they need memory windows. 0, the default, gives each session its own. The
     /// warm pool does not serve sessions on the shared queue.
     pub shared_receive_queue: usize,
