@@ -33,7 +33,8 @@ use crate::verbs::{
 };
 
 /// The next completion of a queue pair's sends, `what` naming it in a timeout: from its own
-/// send CQ, or, on a shared queue, as its send CQ's pump routed it to the inbox (polling a
+/// send CQ, or, on a shared queue ([`Resources::on_shared`] attaches with
+/// [`SharedQueue::attach_sending`]), as its send CQ's pump routed it to the inbox (polling a
 /// shared CQ here would take other sessions' completions).
 async fn next_sent(
     send_cq: &CompletionQueue,
@@ -46,13 +47,11 @@ async fn next_sent(
         after,
     };
     match receive {
-        Receive::Shared(inbox) if inbox.routes_sends() => {
-            inbox.next_sent(timeout).await.map_err(|e| match e {
-                InboxError::Timeout(after) => named(after).into(),
-                other => SessionError::SharedReceive(other),
-            })
-        }
-        _ => send_cq.next(timeout).await.map_err(|e| match e {
+        Receive::Shared(inbox) => inbox.next_sent(timeout).await.map_err(|e| match e {
+            InboxError::Timeout(after) => named(after).into(),
+            other => SessionError::SharedReceive(other),
+        }),
+        Receive::Own(_) => send_cq.next(timeout).await.map_err(|e| match e {
             VerbsError::Timeout { after, .. } => named(after).into(),
             other => other.into(),
         }),
@@ -275,10 +274,9 @@ impl SessionConfig {
         for _ in 0..3 {
             held.push(quota.admit(Verb::QpModify)?);
         }
+        // On a shared queue the PD and the CQs are the queue's.
         if !shared {
             held.push(quota.admit(Verb::PdAlloc)?);
-        }
-        if !shared {
             for _ in 0..2 {
                 held.push(quota.admit(Verb::CqCreate)?);
             }
@@ -542,7 +540,6 @@ impl Session {
                 self.qp.send_cq().set_poll(poll);
                 self.qp.recv_cq().set_poll(poll);
             }
-            Receive::Shared(inbox) if !inbox.routes_sends() => self.qp.send_cq().set_poll(poll),
             Receive::Shared(_) => {}
         }
     }
@@ -1008,10 +1005,10 @@ impl Resources {
         })
     }
 
-    /// Makes the CQ for sends, the memory regions, window and QP a session of `config` needs,
-    /// on `shared`'s protection domain, the QP taking its receives from `shared`: no receive
-    /// queue, receive slots or receive CQ of its own. The peer's credit there is
-    /// `config.recv_slots` messages waiting.
+    /// Makes the memory regions, window and QP a session of `config` needs, on `shared`'s
+    /// protection domain, the QP taking its receives from `shared` and completing its sends on
+    /// its shared send CQs: no receive queue, receive slots or CQ of its own. The peer's credit
+    /// there is `config.recv_slots` messages waiting.
     ///
     /// Refused unless `config` grants remote writes through a memory window (its
     /// `memory_window`, or no `accept_writes`): on a shared protection domain a region's own
