@@ -44,6 +44,12 @@ use crate::verbs::{Gid, PathMtu, RemoteBuffer};
 /// Largest frame accepted, in bytes.
 pub const MAX_FRAME: usize = 64 * 1024;
 
+/// What a [`Channel`]'s read and write buffers start with, each. Control messages are a few
+/// hundred bytes, and a channel lives as long as its session: the framing's default of 8 KiB
+/// for each buffer was 16 KiB of every held session's memory. A larger frame grows its
+/// buffer as it needs.
+const CHANNEL_BUFFER: usize = 1024;
+
 /// Errors of framing and message validation.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -613,7 +619,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
             .max_frame_length(MAX_FRAME)
             .new_codec();
         Channel {
-            framed: tokio_util::codec::Framed::new(stream, codec),
+            framed: tokio_util::codec::Framed::with_capacity(stream, codec, CHANNEL_BUFFER),
         }
     }
 
@@ -807,6 +813,44 @@ mod tests {
             b.recv::<Message>().await,
             Err(HandshakeError::Closed)
         ));
+    }
+
+    /// The buffers start small (a held session keeps its channel); frames of up to
+    /// [`MAX_FRAME`] still pass whole, in order, both ways, through a pipe far smaller than
+    /// them.
+    #[tokio::test]
+    async fn frames_larger_than_the_starting_buffers_pass_whole_both_ways() {
+        let (a, b) = tokio::io::duplex(512);
+        let (mut a, mut b) = (Channel::new(a), Channel::new(b));
+        let sizes = [
+            10,
+            CHANNEL_BUFFER - 4,
+            CHANNEL_BUFFER + 1,
+            20_000,
+            MAX_FRAME - 2,
+            3,
+        ];
+        let texts: Vec<String> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| char::from(b'a' + i as u8).to_string().repeat(*n))
+            .collect();
+        let sent = texts.clone();
+        let writer = tokio::spawn(async move {
+            for t in &sent {
+                a.send(t).await.unwrap();
+            }
+            for _ in &sent {
+                assert_eq!(a.recv::<String>().await.unwrap().len(), 7);
+            }
+        });
+        for t in &texts {
+            let got: String = b.recv().await.unwrap();
+            assert_eq!(got.len(), t.len());
+            assert_eq!(&got, t);
+            b.send(&"thanks!".to_owned()).await.unwrap();
+        }
+        writer.await.unwrap();
     }
 
     #[tokio::test]

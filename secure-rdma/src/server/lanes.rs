@@ -261,7 +261,7 @@ impl<'a> LaneContext<'a> {
         &self,
         lane: u32,
         mut lease: StreamLease,
-        unconfirmed: Unconfirmed,
+        unconfirmed: Box<Unconfirmed>,
         held: LaneHeld<'a>,
         mut ending: watch::Receiver<bool>,
     ) -> LaneEnd {
@@ -284,23 +284,28 @@ impl<'a> LaneContext<'a> {
         lane: u32,
         lease: &mut StreamLease,
         seq: &mut u64,
-        unconfirmed: Unconfirmed,
+        unconfirmed: Box<Unconfirmed>,
         ending: &mut watch::Receiver<bool>,
     ) -> String {
         let stream = lease.id();
         let metrics = &self.shared.metrics;
         let timeout = self.session_cfg.timeout;
-        let confirmed = tokio::select! {
-            c = tokio::time::timeout(timeout * 2, unconfirmed.confirm(Confirm::Second)) => c,
-            _ = ending.changed() => return "the session ended before the lane was confirmed".into(),
-        };
-        let mut session = match confirmed {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                tracing::warn!(client = %self.identity, lane, error = %e, "lane not confirmed; its resources are freed");
-                return format!("not confirmed: {e}");
+        // The lane's future is held as long as the lane: the confirmation and the drain, taken
+        // once, are boxed, and what they leave is scoped, so that neither is carried across
+        // the lane's life (see the connection's task in `accept`).
+        let mut session = {
+            let confirmed = tokio::select! {
+                c = tokio::time::timeout(timeout * 2, Box::pin((*unconfirmed).confirm(Confirm::Second))) => c,
+                _ = ending.changed() => return "the session ended before the lane was confirmed".into(),
+            };
+            match confirmed {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::warn!(client = %self.identity, lane, error = %e, "lane not confirmed; its resources are freed");
+                    return format!("not confirmed: {e}");
+                }
+                Err(_) => return "not confirmed in time".into(),
             }
-            Err(_) => return "not confirmed in time".into(),
         };
         session.set_poll(self.shared.config.poll);
         let w = *session.wiring();
@@ -386,7 +391,7 @@ impl<'a> LaneContext<'a> {
             .limits
             .write_timeout
             .min(Duration::from_secs(2));
-        if let Err(e) = session.drain(courtesy).await {
+        if let Err(e) = Box::pin(session.drain(courtesy)).await {
             tracing::warn!(client = %self.identity, lane, error = %e, "draining the lane's QP");
         }
         reason

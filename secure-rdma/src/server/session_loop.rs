@@ -75,7 +75,7 @@ use crate::setup_watch::SetupChange;
 /// until it leaves, goes idle or the server stops; then everything the
 /// client held is freed, RDMA resources first.
 pub(super) async fn serve_session(
-    admitted: Admitted,
+    admitted: Box<Admitted>,
     peer: SocketAddr,
     shared: &Shared,
     mut stop: watch::Receiver<bool>,
@@ -97,7 +97,7 @@ pub(super) async fn serve_session(
         lane_closed,
         cipher,
         rekey,
-    } = admitted;
+    } = *admitted;
     // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
     // stopped reading.
     let courtesy = cfg.limits.write_timeout.min(Duration::from_secs(2));
@@ -126,7 +126,11 @@ pub(super) async fn serve_session(
     }
     let (prepared, path) = shared.prepare(&device, &sgid, secrets, session_cfg);
     metrics.rdma_setup(path, shared.warm.stats().ready);
-    let setup = async { Session::establish_prepared(&mut chan, prepared?).await };
+    // Boxed, as are the lane's opening and the drain below: this task's future is as large as
+    // its largest step, and it is held for the whole session. The setup alone was 16 KiB,
+    // more than all an idle session keeps; a step taken once should not be paid for by every
+    // session a server holds.
+    let setup = Box::pin(async { Session::establish_prepared(&mut chan, prepared?).await });
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -299,7 +303,7 @@ pub(super) async fn serve_session(
                         Err(refused) => Err(Refused { reason: RejectReason::Policy { detail: refused }, label: "policy" }),
                         Ok(lease) => {
                             let conn = chan.get_ref().get_ref().1;
-                            lane_ctx.open(&req, &used_lanes, lease.first, conn).await.map(|(u, h)| (u, h, lease))
+                            Box::pin(lane_ctx.open(&req, &used_lanes, lease.first, conn)).await.map(|(u, h)| (u, h, lease))
                         }
                     };
                     let answer = match opened {
@@ -314,7 +318,7 @@ pub(super) async fn serve_session(
                             };
                             let (ender, end) = watch::channel(false);
                             running.start(req.lane, req.stream, ender);
-                            lane_loops.push(Box::pin(lane_ctx.serve(req.lane, lease, unconfirmed, held, end)));
+                            lane_loops.push(Box::pin(lane_ctx.serve(req.lane, lease, Box::new(unconfirmed), held, end)));
                             metrics.verb(device.name(), TimedVerb::QpSetup, opening.elapsed());
                             Message::LaneAccept { lane: req.lane, endpoint, resume }
                         }
@@ -475,7 +479,7 @@ pub(super) async fn serve_session(
     // Nothing of this session may land after it: its QP goes to ERROR and every work request
     // still posted is consumed before the resources are freed and the stream let go (a resume
     // waiting for this session reads the stream's final state).
-    match session.drain(courtesy).await {
+    match Box::pin(session.drain(courtesy)).await {
         Ok(d) => {
             if d.discarded > 0 {
                 tracing::debug!(client = %identity, discarded = d.discarded, "arrivals not taken before the session ended; the client's resume sends them again")
