@@ -370,7 +370,10 @@ if [ "$HOLD" -gt 0 ]; then
         >"$WORK/hold-shared-server.log" 2>&1 &
     HSS=$!
     listening 4804
-    hold hold-shared 4804 $HSS --shared-receive-queue 1024
+    # Source ports chosen by the client: past about 32,000 connections from one address,
+    # Linux's connect() walks every port it gave out on each new one (README, "50,000 from one
+    # client address").
+    hold hold-shared 4804 $HSS --shared-receive-queue 1024 --source-ports 10000-65535
     kill -INT $HSS; wait $HSS || true
 fi
 INNER

@@ -155,8 +155,35 @@ struct Cli {
     /// session]
     #[arg(long, value_name = "SLOTS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
     shared_receive_queue: u32,
+    /// Bind each control connection to the next port of LOW-HIGH in turn (one in use is passed
+    /// over) instead of letting the kernel choose: for one process holding tens of thousands
+    /// of sessions to one server (`bench hold`), where past about 32,000 Linux's connect()
+    /// walks every port it gave out on each new connection [default: the kernel chooses]
+    #[arg(long, value_name = "LOW-HIGH", value_parser = parse_port_range)]
+    source_ports: Option<std::ops::RangeInclusive<u16>>,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// `LOW-HIGH`, two ports with LOW <= HIGH, for --source-ports.
+fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (low, high) = s
+        .split_once('-')
+        .ok_or_else(|| format!("'{s}' is not LOW-HIGH (for example 10000-65000)"))?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("'{p}' is not a port (1-65535)"))
+    };
+    let (low, high) = (port(low)?, port(high)?);
+    if low > high {
+        return Err(format!(
+            "the range {low}-{high} is empty: LOW must not exceed HIGH"
+        ));
+    }
+    Ok(low..=high)
 }
 
 /// What to do instead of running commands.
@@ -238,7 +265,8 @@ async fn run(cli: Cli) -> i32 {
         .with_rdma_acks(cli.rdma_acks)
         .with_lanes(cli.lanes as usize)
         .with_warm_pool(cli.warm_pool as usize)
-        .with_shared_receive_queue(cli.shared_receive_queue as usize);
+        .with_shared_receive_queue(cli.shared_receive_queue as usize)
+        .with_source_ports(cli.source_ports.clone());
     let cfg = match identity {
         Some((cert, key)) => cfg.with_identity(cert, key),
         None => cfg,
@@ -559,6 +587,29 @@ mod tests {
         match cli.command {
             Some(Command::Bench(b)) => b.kind,
             None => panic!("no bench in {args:?}"),
+        }
+    }
+
+    #[test]
+    fn source_ports_parse_as_a_range_and_bad_ones_say_what_is_wrong() {
+        let cli = Cli::try_parse_from([
+            "secure-client",
+            "10.77.0.1",
+            "--source-ports",
+            "10000-65000",
+        ])
+        .expect("parses");
+        assert_eq!(cli.source_ports, Some(10_000..=65_000));
+        for (bad, says) in [
+            ("10000", "is not LOW-HIGH"),
+            ("0-100", "'0' is not a port"),
+            ("1000-70000", "'70000' is not a port"),
+            ("2000-1000", "the range 2000-1000 is empty"),
+        ] {
+            let err = Cli::try_parse_from(["secure-client", "10.77.0.1", "--source-ports", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains(says), "--source-ports {bad}: {err}");
         }
     }
 

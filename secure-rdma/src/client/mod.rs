@@ -23,6 +23,7 @@ use crate::session::{Secrets, Session, SessionConfig, SessionError};
 mod lanes;
 mod link;
 mod provision;
+mod source_ports;
 mod stream;
 
 use crate::tls;
@@ -100,6 +101,13 @@ pub struct ClientConfig {
     /// messages are larger than the first session's makes its own. 0, the default, gives each
     /// session its own, and only then does the warm pool serve them.
     pub shared_receive_queue: usize,
+    /// Source ports the control connections are bound to, each taken in turn (one in use is
+    /// passed over); `None`, the default, leaves the choice to the kernel. For one process
+    /// holding tens of thousands of sessions to one server from one address (`secure-client
+    /// bench hold`): past about 32,000 there, Linux's `connect()` walks every port it has
+    /// given out on each new connection (one parity of the ephemeral range is full), where
+    /// binding a chosen port is one lookup.
+    pub source_ports: Option<std::ops::RangeInclusive<u16>>,
 }
 
 impl ClientConfig {
@@ -124,6 +132,7 @@ impl ClientConfig {
             lanes: 1,
             warm_pool: 0,
             shared_receive_queue: 0,
+            source_ports: None,
         }
     }
 
@@ -160,6 +169,21 @@ impl ClientConfig {
     /// ```
     pub fn with_shared_receive_queue(mut self, slots: usize) -> ClientConfig {
         self.shared_receive_queue = slots;
+        self
+    }
+
+    /// Sets the source ports of the control connections ([`ClientConfig::source_ports`]).
+    ///
+    /// ```
+    /// use secure_rdma::client::ClientConfig;
+    /// let cfg = ClientConfig::new("10.77.0.1").with_source_ports(Some(10_000..=60_000));
+    /// assert_eq!(cfg.source_ports, Some(10_000..=60_000));
+    /// ```
+    pub fn with_source_ports(
+        mut self,
+        ports: Option<std::ops::RangeInclusive<u16>>,
+    ) -> ClientConfig {
+        self.source_ports = ports;
         self
     }
 
@@ -585,6 +609,8 @@ struct ConnectorInner {
     device: Mutex<Option<(std::net::IpAddr, Arc<Device>, crate::verbs::GidEntry)>>,
     /// Resources made ahead for the next connections and lanes, and the shared queues.
     provision: Arc<provision::Provision>,
+    /// The source ports in turn, when the configuration chooses them.
+    source_ports: Option<source_ports::SourcePorts>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -605,6 +631,7 @@ impl Connector {
                     cfg.warm_pool,
                     cfg.shared_receive_queue,
                 )),
+                source_ports: cfg.source_ports.clone().map(source_ports::SourcePorts::new),
                 cfg,
                 tls: Mutex::new(None),
                 device: Mutex::new(None),
@@ -683,6 +710,18 @@ impl Connector {
         Ok((client, phases))
     }
 
+    /// The control connection's TCP connection to `addr` (host:port), from a source port of
+    /// the configuration's range when it has one.
+    async fn tcp_connect(&self, addr: &str) -> std::io::Result<TcpStream> {
+        let Some(ports) = &self.inner.source_ports else {
+            return TcpStream::connect(addr).await;
+        };
+        let target = tokio::net::lookup_host(addr).await?.next().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "the host has no address")
+        })?;
+        ports.connect(target).await
+    }
+
     /// One session of the operation stream `hello` names: connected, admitted with what the
     /// server knows of the stream, RDMA set up and confirmed, the payload keys bound to the
     /// stream from the first operation this session carries.
@@ -698,7 +737,7 @@ impl Connector {
             addr: addr.clone(),
             source,
         };
-        let tcp = tokio::time::timeout(cfg.timeout, TcpStream::connect(&addr))
+        let tcp = tokio::time::timeout(cfg.timeout, self.tcp_connect(&addr))
             .await
             .map_err(|_| {
                 unreachable(std::io::Error::new(
