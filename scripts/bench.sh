@@ -371,8 +371,8 @@ if [ "$HOLD" -gt 0 ]; then
     HSS=$!
     listening 4804
     # Source ports chosen by the client: past about 32,000 connections from one address,
-    # Linux's connect() walks every port it gave out on each new one (README, "50,000 from one
-    # client address").
+    # Linux's connect() walks every port it gave out on each new one (README, "Past 32,000 from
+    # one client address").
     hold hold-shared 4804 $HSS --shared-receive-queue 1024 --source-ports 10000-65535
     kill -INT $HSS; wait $HSS || true
 fi

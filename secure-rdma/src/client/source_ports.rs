@@ -90,7 +90,7 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
-    /// A port free now on 127.0.0.1: the first of `n` free in a row, found by binding them.
+    /// `n` ports in a row that are free now on every address, found by binding them.
     fn free_ports(n: u16) -> RangeInclusive<u16> {
         'search: for start in (20_000..60_000).step_by(97) {
             let mut held = Vec::new();
