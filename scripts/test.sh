@@ -65,10 +65,11 @@ export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 # tests/tests/metrics_lab.rs runs in the VM; for the package: man-db, adduser, libcap2-bin
 # (setcap) and systemd (systemd-analyze verify, systemd-socket-activate) for check-package.sh and
 # tests/tests/package_lab.rs; gnuplot-nox for bench_isolation_script.rs (the bench's report draws
-# its plot before it judges the goals).
+# its plot before it judges the goals); strace for bench_lab.rs (it counts the clock reads that
+# reach the kernel on the data path).
 BUILD_PKGS=(build-essential cmake clang libclang-dev llvm pkg-config libbpf-dev bpftool
             libibverbs-dev librdmacm-dev shellcheck python3-venv iproute2 tshark nftables tmux
-            prometheus man-db adduser libcap2-bin systemd gnuplot-nox)
+            prometheus man-db adduser libcap2-bin systemd gnuplot-nox strace)
 if [ "$INSTALL" = 1 ]; then
     stage "install"
     missing=()

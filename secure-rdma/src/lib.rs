@@ -35,6 +35,8 @@
 //! - [`setup_watch`]: whether the server's own connection setup has slowed
 //!   (a noisy neighbour), from the median of its last sessions.
 //! - [`ratelimit`]: rate-limited logging, so no peer can flood the log.
+//! - [`clock`]: the data path's time: timeouts that read no clock when the
+//!   wait is already over, and a coarse clock for what counts seconds.
 //! - [`quota`]: the thresholds the server enforces (the `rdma-quota` crate).
 //! - [`metrics`]: the server's counters and histograms (sessions, handshakes,
 //!   refusals, traffic per tenant), for an exporter to register.
@@ -50,9 +52,10 @@
 //! psn → verbs → shared_queue → datapath → protect → certs → tls → handshake → session → lanes → warm → client, server
 //! ```
 //!
-//! (`ratelimit`, `quota` and `metrics` stand beside them: `metrics` names
-//! operations and rejections, so it sits above `handshake`; `events` sits
-//! above `session`, whose errors it sorts; `setup_watch` needs none of them.)
+//! (`clock`, `ratelimit`, `quota` and `metrics` stand beside them: `clock` needs
+//! none of them and `verbs` uses it; `metrics` names operations and rejections, so it sits
+//! above `handshake`; `events` sits above `session`, whose errors it sorts; `setup_watch`
+//! needs none of them.)
 //!
 //! The library emits `tracing` events and never installs a subscriber: the
 //! binaries decide where logs go.
@@ -61,6 +64,7 @@
 
 pub mod certs;
 pub mod client;
+pub mod clock;
 pub mod datapath;
 pub mod events;
 pub mod handshake;

@@ -84,7 +84,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
@@ -553,7 +553,8 @@ pub struct Sealer {
     /// Messages and plaintext bytes sealed under the current key, and when it took over.
     epoch_messages: u64,
     epoch_bytes: u64,
-    epoch_started: Instant,
+    /// When the key began: the coarse clock, read on each seal while a time threshold is set.
+    epoch_started: crate::clock::Coarse,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -591,7 +592,7 @@ impl Sealer {
             lane: 0,
             epoch_messages: 0,
             epoch_bytes: 0,
-            epoch_started: Instant::now(),
+            epoch_started: crate::clock::Coarse::now(),
         }
     }
 
@@ -647,7 +648,7 @@ impl Sealer {
         );
         self.epoch_messages = 0;
         self.epoch_bytes = 0;
-        self.epoch_started = Instant::now();
+        self.epoch_started = crate::clock::Coarse::now();
     }
 
     /// Writes `plaintext`, sealed for `op`, to the front of `out`; returns the bytes written
@@ -667,12 +668,15 @@ impl Sealer {
         if self.next_seq == u64::MAX {
             return Err(SealError::Exhausted);
         }
-        if let Some(trigger) = self.policy.due(
-            self.epoch_messages,
-            self.epoch_bytes,
-            u64::from(len),
-            self.epoch_started.elapsed(),
-        ) {
+        // The key's age, to the kernel's tick: no precise clock read per message.
+        let age = match self.policy.seconds {
+            0 => Duration::ZERO,
+            _ => self.epoch_started.elapsed(),
+        };
+        if let Some(trigger) =
+            self.policy
+                .due(self.epoch_messages, self.epoch_bytes, u64::from(len), age)
+        {
             self.rotate_for(trigger);
         }
         let seq = self.next_seq;

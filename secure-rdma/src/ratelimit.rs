@@ -3,7 +3,9 @@
 //! A [`LogLimiter`] lets a burst of lines through, then at most a steady rate, and counts what
 //! it held back so the next line that passes can say how many were suppressed.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Coarse;
 
 /// A token bucket for log lines.
 ///
@@ -21,7 +23,8 @@ pub struct LogLimiter {
     burst: u32,
     every: Duration,
     tokens: u32,
-    refilled: Instant,
+    /// The coarse clock: a check per message of a flood reads no clock device.
+    refilled: Coarse,
     suppressed: u64,
 }
 
@@ -32,7 +35,7 @@ impl LogLimiter {
             burst: burst.max(1),
             every,
             tokens: burst.max(1),
-            refilled: Instant::now(),
+            refilled: Coarse::now(),
             suppressed: 0,
         }
     }
@@ -40,9 +43,9 @@ impl LogLimiter {
     /// `Some(n)` when this line may be logged, `n` being how many were suppressed since the
     /// last one that was; `None` when it must be dropped (it is counted).
     pub fn check(&mut self) -> Option<u64> {
-        let now = Instant::now();
+        let now = Coarse::now();
         if !self.every.is_zero() {
-            let earned = now.duration_since(self.refilled).as_nanos() / self.every.as_nanos();
+            let earned = now.since(self.refilled).as_nanos() / self.every.as_nanos();
             if earned > 0 {
                 let earned = u32::try_from(earned).unwrap_or(u32::MAX);
                 self.tokens = self.tokens.saturating_add(earned).min(self.burst);

@@ -182,7 +182,7 @@ impl Lane {
                 }
             }
         };
-        let arrival = match tokio::time::timeout(self.timeout, wait).await {
+        let arrival = match crate::clock::within(self.timeout, wait).await {
             Err(_) => Err(SessionError::Timeout(
                 self.timeout,
                 "the server's acknowledgement on a lane",

@@ -211,7 +211,7 @@ async fn serve(
             Err(e) => {
                 // The certificate verified, so the client is told why it is refused.
                 let span = tracing::info_span!(parent: None, "client", %peer);
-                return Box::pin(refuse_unidentified(Channel::new(tls), e, &shared))
+                return refuse_unidentified(Channel::new(tls), e, &shared)
                     .instrument(span)
                     .await;
             }

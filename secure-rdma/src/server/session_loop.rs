@@ -21,6 +21,7 @@ use super::lanes::{LaneContext, LaneEnd, Refused, RunningLanes};
 use super::render::{preview, render};
 use super::watch::CertEnd;
 use super::{ServerChannel, Shared};
+use crate::clock::Coarse;
 use crate::datapath::StreamId;
 use crate::datapath::{AbortReason, Ack, AckStatus, Op};
 use crate::handshake::{RejectReason, Resume};
@@ -225,6 +226,12 @@ pub(super) async fn serve_session(
         arrivals: std::sync::atomic::AtomicU64::new(0),
     };
     let mut lane_arrivals_seen = 0u64;
+    // One idle timer for the session, not one per message: each arrival or request notes the
+    // coarse time, and the timer, when it fires, either ends an idle session or moves to when
+    // it would be idle.
+    let mut idle = IdleWatch::new(cfg.idle_timeout);
+    let idle_timer = tokio::time::sleep(idle.left().unwrap_or_default());
+    tokio::pin!(idle_timer);
     // The running lanes, by number: the session's end ends them all, and a lane that resumes a
     // stream ends the lane that still carries it first.
     let mut running = RunningLanes::default();
@@ -242,6 +249,7 @@ pub(super) async fn serve_session(
                 break "the client resumed its stream on a new connection".to_owned();
             }
             Some(end) = lane_loops.next(), if !lane_loops.is_empty() => {
+                idle.touch();
                 // One lane ended (it failed, or was not confirmed): the session goes on, and
                 // remembers where the lane's stream stands.
                 tracing::debug!(client = %identity, lane = end.lane, why = %end.reason, "lane ended; the session goes on");
@@ -262,6 +270,7 @@ pub(super) async fn serve_session(
                     break "client quit".to_owned();
                 }
                 Ok(SessionRequest::LaneOpen(req)) => {
+                    idle.touch();
                     let opening = Instant::now();
                     if req.resume.is_some() {
                         // A lane that still carries the stream ends first, drained, so that
@@ -358,6 +367,7 @@ pub(super) async fn serve_session(
                     }
                     Err(e) => break datapath_failure(metrics, &identity, &e),
                 };
+                idle.touch();
                 seq += 1;
                 lane0.inc();
                 let op = arrival.op();
@@ -401,6 +411,8 @@ pub(super) async fn serve_session(
                                 break format!("{e}");
                             }
                         }
+                        // The session was busy while the application took its time.
+                        idle.touch();
                     }
                 }
                 let ack = Ack { op, seq, bytes, status };
@@ -412,11 +424,15 @@ pub(super) async fn serve_session(
                     // SENT over RDMA (sealed like a payload). Posted without waiting: the send
                     // slots bound what is in flight.
                     let record = ack.encode();
-                    let posting = Instant::now();
+                    // One post in POST_SEND_SAMPLE is timed: a timing is two precise clock
+                    // reads, and the histogram needs a sample of posts, not every one.
+                    let posting = (seq % POST_SEND_SAMPLE == 0).then(Instant::now);
                     if let Err(e) = session.post(Op::Send, &record).await {
                         break datapath_failure(metrics, &identity, &e);
                     }
-                    traffic.post_send(posting.elapsed());
+                    if let Some(posting) = posting {
+                        traffic.post_send(posting.elapsed());
+                    }
                     continue;
                 }
                 let ack = Message::Ack { op, seq, bytes, status };
@@ -446,11 +462,16 @@ pub(super) async fn serve_session(
                 let _ = send_within(&mut chan, &Message::Abort { reason }, courtesy).await;
                 break why.to_owned();
             }
-            _ = tokio::time::sleep(cfg.idle_timeout) => {
-                // Traffic on the other lanes keeps the session alive as lane 0's does.
+            () = &mut idle_timer => {
+                // Traffic on the other lanes keeps the session alive as lane 0's does (seen
+                // here, so it counts from the timer's check).
                 let lane_arrivals = lane_ctx.arrivals.load(std::sync::atomic::Ordering::Relaxed);
                 if lane_arrivals != lane_arrivals_seen {
                     lane_arrivals_seen = lane_arrivals;
+                    idle.touch();
+                }
+                if let Some(left) = idle.left() {
+                    idle_timer.as_mut().reset(tokio::time::Instant::now() + left);
                     continue;
                 }
                 let _ = send_within(&mut chan, &Message::Bye, courtesy).await;
@@ -547,6 +568,48 @@ impl RotationsCounted {
     }
 }
 
+/// The acknowledgements on the streaming path whose post is timed: one in this many
+/// (`secure_rdma_verb_duration_seconds{verb="post_send"}`).
+pub(super) const POST_SEND_SAMPLE: u64 = 16;
+
+/// Slack on the coarse clock's tick: a session is never ended before its idle timeout has
+/// passed, though its last message was stamped up to a tick early.
+const IDLE_SLACK: Duration = Duration::from_millis(10);
+
+/// A session's idle timeout, kept without a timer or a precise clock read per message: each
+/// arrival or request notes the coarse time ([`Coarse`]), and the session's one timer asks
+/// [`IdleWatch::left`] when it fires.
+#[derive(Debug)]
+pub(super) struct IdleWatch {
+    limit: Duration,
+    last: Coarse,
+}
+
+impl IdleWatch {
+    pub(super) fn new(limit: Duration) -> IdleWatch {
+        IdleWatch {
+            limit,
+            last: Coarse::now(),
+        }
+    }
+
+    /// Something happened on the session now.
+    pub(super) fn touch(&mut self) {
+        self.last = Coarse::now();
+    }
+
+    /// How long until the session is idle, `None` once it is (the limit passed since the last
+    /// [`IdleWatch::touch`], plus the coarse clock's slack).
+    pub(super) fn left(&self) -> Option<Duration> {
+        // At most a year at a time: a timer's deadline must be representable.
+        const YEAR: Duration = Duration::from_secs(365 * 86_400);
+        (self.limit.saturating_add(IDLE_SLACK))
+            .checked_sub(self.last.elapsed())
+            .filter(|left| !left.is_zero())
+            .map(|left| left.min(YEAR))
+    }
+}
+
 /// Counts a failure of the session's data path by its cause, logs it (a WARN that says "likely
 /// attack" when a well-behaved peer on a working network never causes it) and returns the
 /// session's end reason, which names the cause.
@@ -581,7 +644,8 @@ pub(super) async fn send_within(
     msg: &Message,
     limit: Duration,
 ) -> Result<(), String> {
-    match tokio::time::timeout(limit, chan.send(msg)).await {
+    // A write the socket takes at once (nearly all of them) reads no clock.
+    match crate::clock::within(limit, chan.send(msg)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("disconnected: {e}")),
         Err(_) => Err(format!(
@@ -618,6 +682,41 @@ pub(super) fn log_arrival(
                 tracing::info!(client = %identity, seq, bytes = data.len(), %content, suppressed, possibly_delivered, "WRITE landed")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+
+    /// A session is idle once the limit has passed since its last touch, never before: the
+    /// timer that asks is told how long is left, and a touch gives the whole limit back.
+    #[test]
+    fn a_session_is_idle_only_once_the_limit_has_passed_since_its_last_touch() {
+        let limit = Duration::from_millis(60);
+        let mut idle = IdleWatch::new(limit);
+        let left = idle.left().expect("just made");
+        assert!(left > limit && left <= limit + IDLE_SLACK, "{left:?}");
+        std::thread::sleep(Duration::from_millis(40));
+        let left = idle.left().expect("40 of 60 ms");
+        assert!(
+            left <= limit + IDLE_SLACK - Duration::from_millis(20),
+            "{left:?}"
+        );
+        idle.touch();
+        assert!(idle.left().expect("touched") > limit);
+        let touched = std::time::Instant::now();
+        while idle.left().is_some() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            touched.elapsed() >= limit,
+            "idle after {:?}",
+            touched.elapsed()
+        );
+        // A limit no timer can hold is waited a year at a time.
+        let forever = IdleWatch::new(Duration::MAX);
+        assert_eq!(forever.left(), Some(Duration::from_secs(365 * 86_400)));
     }
 }
 
