@@ -5,10 +5,10 @@
 //! answered in user space by the vDSO. It is not cheap everywhere. When the kernel does not
 //! trust the TSC (its watchdog marks it unstable, as it does in the lab's emulated VM in many
 //! boots) it falls back to the HPET, and then every precise read is a system call and an
-//! emulated device access: measured in the lab VM, `strace -c` counted about 6 such calls per
-//! round trip of `bench send` on the client and 14 per message on the server, a third of all
-//! system calls, where `ib_send_lat` makes none (it reads the TSC itself). Two tools keep the
-//! per-message path off the precise clock:
+//! emulated device access: counted in the lab VM with `strace`, 9.5 such calls per message of
+//! `bench send` on the client and 13.9 on the server, where `ib_send_lat` makes none (it reads
+//! the TSC itself). Two tools keep the per-message path off the precise clock (the counts are
+//! 5.7 and 7.4-8.2 with them; the rest is tokio's time driver and the benchmark's own timing):
 //!
 //! - [`within`] bounds a wait from its first poll that did not complete: a completion already
 //!   in the queue, or found within a busy poll's spin, costs no clock read and no timer.
