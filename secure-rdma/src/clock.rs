@@ -86,18 +86,35 @@ impl Coarse {
     }
 }
 
-impl std::ops::Sub<Duration> for Coarse {
-    type Output = Coarse;
+/// The latest [`Coarse`] instant any of several tasks noted (a session's lanes noting their
+/// arrivals for its idle timeout): one relaxed atomic, no lock.
+#[derive(Debug, Default)]
+pub(crate) struct LatestCoarse(std::sync::atomic::AtomicU64);
 
-    /// The instant `by` before this one (the clock's zero at the earliest).
-    fn sub(self, by: Duration) -> Coarse {
-        Coarse(self.0.saturating_sub(by))
+impl LatestCoarse {
+    /// Notes now; an earlier instant noted later does not move it back.
+    pub(crate) fn note_now(&self) {
+        // Nanoseconds of the monotonic clock fit in 64 bits for 584 years of uptime.
+        let nanos = u64::try_from(Coarse::now().0.as_nanos()).unwrap_or(u64::MAX);
+        self.0
+            .fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The latest instant noted, `None` before the first.
+    pub(crate) fn get(&self) -> Option<Coarse> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(Coarse(Duration::from_nanos(nanos))),
+        }
     }
 }
 
-impl std::ops::SubAssign<Duration> for Coarse {
-    fn sub_assign(&mut self, by: Duration) {
-        *self = *self - by;
+#[cfg(test)]
+impl Coarse {
+    /// The instant `by` before this one (the clock's zero at the earliest): how a test ages
+    /// a stamp without waiting.
+    pub(crate) fn earlier_by(self, by: Duration) -> Coarse {
+        Coarse(self.0.saturating_sub(by))
     }
 }
 
@@ -145,5 +162,28 @@ mod tests {
             "coarse {c:?}, precise {p:?}"
         );
         assert_eq!(Coarse::now().since(Coarse(Duration::MAX)), Duration::ZERO);
+    }
+
+    /// What several tasks note is kept as the latest of them, and nothing reads as noted
+    /// before the first note.
+    #[test]
+    fn the_latest_of_several_notes_is_kept() {
+        let latest = LatestCoarse::default();
+        assert_eq!(latest.get(), None);
+        let before = Coarse::now();
+        latest.note_now();
+        let first = latest.get().expect("noted");
+        assert!(first >= before, "{first:?} {before:?}");
+        std::thread::sleep(Duration::from_millis(30));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| latest.note_now());
+            }
+        });
+        let last = latest.get().expect("noted");
+        assert!(
+            last.since(first) >= Duration::from_millis(10),
+            "{last:?} {first:?}"
+        );
     }
 }

@@ -1316,7 +1316,7 @@ mod tests {
         s.set_policy(RekeyPolicy::off().with_seconds(1));
         assert_eq!(stream_through(&mut s, &mut o, 3, 4), [0, 0, 0]);
         // The key is made older than a second (rather than waiting for one).
-        s.epoch_started -= Duration::from_millis(1001);
+        s.epoch_started = s.epoch_started.earlier_by(Duration::from_millis(1001));
         assert_eq!(stream_through(&mut s, &mut o, 3, 4), [1, 1, 1]);
         assert_eq!(o.epoch(), 1);
     }

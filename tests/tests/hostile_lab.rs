@@ -264,6 +264,73 @@ fn soak_in_process_sessions_leave_nothing_behind_and_flat_rss() {
     );
 }
 
+/// A message on another lane keeps the session alive as one on lane 0 does, and the idle
+/// timeout counts from it: each lane notes when its last message came. Until stop 38 the
+/// server saw another lane's traffic only when its timer fired, and counted from then, so a
+/// session whose last message came on lane 1 ended up to twice the timeout after it.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn the_idle_timeout_counts_from_the_last_message_on_any_lane() {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&["laned".to_owned()]);
+    let server = ServerProc::start(&pki, 4607, &["--idle-timeout", "2"]);
+    let cfg = secure_rdma_tests::LabClientArgs {
+        host: ADDR_A.to_owned(),
+        port: server.port,
+        certs: pki.dir().to_owned(),
+        name: "laned".to_owned(),
+    }
+    .config(STEP)
+    .with_lanes(2);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut client = secure_rdma::client::Client::connect(&cfg)
+            .await
+            .expect("connect");
+        let started = Instant::now();
+        // 4 messages 0.8 s apart, which the client spreads over its two lanes in turn: the
+        // last one on lane 1. The old server would end the session 3.6 s after it.
+        let mut last = started;
+        let mut lanes = Vec::new();
+        for i in 1..=4u64 {
+            if i > 1 {
+                tokio::time::sleep(Duration::from_millis(800)).await;
+            }
+            let before: Vec<u64> = client.lane_stats().iter().map(|l| l.posted).collect();
+            last = Instant::now();
+            client
+                .send(format!("on some lane {i}").as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("message {i} after {:?}: {e}", started.elapsed()));
+            let after: Vec<u64> = client.lane_stats().iter().map(|l| l.posted).collect();
+            lanes.extend(
+                (0..after.len()).filter(|&k| after[k] != before.get(k).copied().unwrap_or(0)),
+            );
+        }
+        assert_eq!(lanes, [0, 1, 0, 1], "the lanes each message went on");
+        let ended = tokio::time::timeout(STEP, client.closed())
+            .await
+            .expect("the server never ended the silent session");
+        let quiet = last.elapsed();
+        assert!(ended.is_ok(), "{ended:?}");
+        // Not before the timeout, and well before the 3.6 s the old server took (a round
+        // trip and the coarse clock's tick are milliseconds).
+        assert!(
+            quiet >= Duration::from_secs(2) && quiet < Duration::from_millis(2_800),
+            "ended {quiet:?} after the last message, on lane 1: the timeout is 2 s"
+        );
+        println!("idle on lanes: the session ended {quiet:?} after its last message (lane 1)");
+    });
+    server
+        .log
+        .wait_for("idle", 1, STEP, |l| l.contains("idle for 2s"));
+}
+
 /// The idle timeout counts from the last message, not from the session's start: a client that
 /// keeps sending with gaps shorter than `--idle-timeout` stays, for longer than the timeout in
 /// all, and one that falls silent is told goodbye once the timeout has passed since its last

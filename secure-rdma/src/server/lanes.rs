@@ -43,8 +43,9 @@ pub(super) struct LaneContext<'a> {
     pub(super) rekey: RekeyPolicy,
     /// The session negotiated lanes.
     pub(super) enabled: bool,
-    /// Arrivals on every lane but lane 0: the session's idle timeout watches them too.
-    pub(super) arrivals: std::sync::atomic::AtomicU64,
+    /// When the last arrival on any lane but lane 0 came: the session's idle timeout counts
+    /// from it too.
+    pub(super) last_arrival: crate::clock::LatestCoarse,
 }
 
 /// One lane counted against its identity's cap until dropped.
@@ -344,7 +345,7 @@ impl<'a> LaneContext<'a> {
                     *seq += 1;
                     let seq = *seq;
                     counter.inc();
-                    self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.last_arrival.note_now();
                     let op = arrival.op();
                     traffic.received(op, arrival.data().len());
                     let bytes = u32::try_from(arrival.data().len()).unwrap_or(u32::MAX);

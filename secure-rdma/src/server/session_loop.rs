@@ -192,6 +192,7 @@ pub(super) async fn serve_session(
         cipher = session.cipher().map_or("none", |c| c.name()),
         active = cfg.max_clients - shared.slots.available_permits(),
         max = cfg.max_clients,
+        setup_ms = timing.setup.as_secs_f64() * 1e3,
         "client connected"
     );
 
@@ -223,9 +224,8 @@ pub(super) async fn serve_session(
         cipher,
         rekey,
         enabled: lanes,
-        arrivals: std::sync::atomic::AtomicU64::new(0),
+        last_arrival: crate::clock::LatestCoarse::default(),
     };
-    let mut lane_arrivals_seen = 0u64;
     // One idle timer for the session, not one per message: each arrival or request notes the
     // coarse time, and the timer, when it fires, either ends an idle session or moves to when
     // it would be idle.
@@ -463,12 +463,10 @@ pub(super) async fn serve_session(
                 break why.to_owned();
             }
             () = &mut idle_timer => {
-                // Traffic on the other lanes keeps the session alive as lane 0's does (seen
-                // here, so it counts from the timer's check).
-                let lane_arrivals = lane_ctx.arrivals.load(std::sync::atomic::Ordering::Relaxed);
-                if lane_arrivals != lane_arrivals_seen {
-                    lane_arrivals_seen = lane_arrivals;
-                    idle.touch();
+                // Traffic on the other lanes keeps the session alive as lane 0's does, from
+                // the lane's last arrival (each lane notes its time; nothing wakes this loop).
+                if let Some(at) = lane_ctx.last_arrival.get() {
+                    idle.touched_at(at);
                 }
                 if let Some(left) = idle.left() {
                     idle_timer.as_mut().reset(tokio::time::Instant::now() + left);
@@ -598,6 +596,12 @@ impl IdleWatch {
         self.last = Coarse::now();
     }
 
+    /// Something happened on the session at `at` (noted by a lane); an instant before the
+    /// last touch changes nothing.
+    pub(super) fn touched_at(&mut self, at: Coarse) {
+        self.last = self.last.max(at);
+    }
+
     /// How long until the session is idle, `None` once it is (the limit passed since the last
     /// [`IdleWatch::touch`], plus the coarse clock's slack).
     pub(super) fn left(&self) -> Option<Duration> {
@@ -714,6 +718,24 @@ mod idle_tests {
             "idle after {:?}",
             touched.elapsed()
         );
+        // A lane's arrival counts from when it came, not from when the timer asks, and an
+        // older one does not take time back.
+        let mut idle = IdleWatch::new(limit);
+        let lane = crate::clock::LatestCoarse::default();
+        std::thread::sleep(Duration::from_millis(30));
+        lane.note_now();
+        let noted = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(40));
+        idle.touched_at(lane.get().expect("noted"));
+        let left = idle.left().expect("40 ms after the lane's arrival");
+        let since = noted.elapsed();
+        assert!(
+            left <= (limit + IDLE_SLACK).saturating_sub(since) + IDLE_SLACK,
+            "{left:?} left {since:?} after the lane's arrival"
+        );
+        let before = idle.left();
+        idle.touched_at(crate::clock::Coarse::now().earlier_by(Duration::from_secs(5)));
+        assert!(idle.left() <= before, "{:?} {before:?}", idle.left());
         // A limit no timer can hold is waited a year at a time.
         let forever = IdleWatch::new(Duration::MAX);
         assert_eq!(forever.left(), Some(Duration::from_secs(365 * 86_400)));
