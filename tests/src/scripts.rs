@@ -20,6 +20,38 @@ pub fn bash(name: &str, args: &[&str]) -> Output {
         .expect("run bash")
 }
 
+/// `bash scripts/NAME --help`'s text, once it has exited 0, named each of `words`, and shown
+/// to be the script's header comment without its comment marks.
+pub fn help(name: &str, words: &[&str]) -> String {
+    let out = bash(name, &["--help"]);
+    assert!(out.status.success(), "{name} --help: {out:?}");
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    for word in words {
+        assert!(help.contains(word), "{name} --help lacks {word}:\n{help}");
+    }
+    assert!(!help.lines().any(|l| l.starts_with('#')), "{help}");
+    help
+}
+
+/// Checks that `bash scripts/NAME ARGS` exits 2 and its stderr says `says`, for each case,
+/// printing nothing on stdout: a wrong argument is refused before anything runs.
+pub fn refuses(name: &str, cases: &[(&[&str], &str)]) {
+    for (args, says) in cases {
+        let out = bash(name, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {err}");
+        assert!(
+            err.contains(says),
+            "{name} {args:?} should say {says:?}: {err}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{name} {args:?} printed {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
 /// What a bench report made of its raw rows.
 pub struct Report {
     /// The report's exit code.

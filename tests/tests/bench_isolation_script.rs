@@ -2,69 +2,56 @@
 //! `--help` says what it measures and how to shorten it, and a wrong
 //! argument is refused before anything is built, naming the argument.
 
-use std::process::Output;
-
 use secure_rdma_tests::scripts;
-
-fn script(args: &[&str]) -> Output {
-    scripts::bash("bench-isolation.sh", args)
-}
 
 #[test]
 fn help_names_the_layers_the_kinds_and_the_options() {
-    let out = script(&["--help"]);
-    assert!(out.status.success(), "{out:?}");
-    let help = String::from_utf8_lossy(&out.stdout);
-    for word in [
-        "--connections",
-        "--rounds",
-        "median",
-        "--seconds",
-        "--kinds",
-        "--layers",
-        "--out",
-        "raw.csv",
-        "table.md",
-        "plot.svg",
-        "intercept",
-        "cgroup",
-        "cpu.max",
-        "--kernel-limit",
-        "bypass",
-        "hoard",
-        "--flag-rate",
-        "--flag-window",
-        "exits 3",
-    ] {
-        assert!(help.contains(word), "--help lacks {word}:\n{help}");
-    }
-    // The help is the header comment without its comment marks.
-    assert!(!help.lines().any(|l| l.starts_with('#')), "{help}");
+    scripts::help(
+        "bench-isolation.sh",
+        &[
+            "--connections",
+            "--rounds",
+            "median",
+            "--seconds",
+            "--kinds",
+            "--layers",
+            "--out",
+            "raw.csv",
+            "table.md",
+            "plot.svg",
+            "intercept",
+            "cgroup",
+            "cpu.max",
+            "--kernel-limit",
+            "bypass",
+            "hoard",
+            "--flag-rate",
+            "--flag-window",
+            "exits 3",
+        ],
+    );
 }
 
 #[test]
 fn wrong_arguments_are_refused_with_exit_code_2_and_a_reason() {
-    for (args, says) in [
-        (&["--connections", "0"][..], "--connections 0"),
-        (&["--seconds", "ten"][..], "--seconds ten"),
-        (&["--cpu-max", "150"][..], "--cpu-max 150"),
-        (&["--kinds", "qp,flood"][..], "unknown kind flood"),
-        (&["--kinds", "mr:big"][..], "mr:BYTES"),
-        (&["--layers", "none,ebpf"][..], "unknown layer ebpf"),
-        (&["--rounds", "0"][..], "--rounds 0"),
-        (&["--rounds", "many"][..], "--rounds many"),
-        (&["--repeat", "3"][..], "unknown argument --repeat"),
-        (&["--out"][..], "--out needs a value"),
-        (&["--flag-rate", "0"][..], "--flag-rate 0"),
-        (&["--flag-window", "0.05"][..], "--flag-window 0.05"),
-        (&["--flag-window", "soon"][..], "--flag-window soon"),
-    ] {
-        let out = script(args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(says), "{args:?}: {err}");
-        assert!(out.stdout.is_empty(), "{args:?} printed {:?}", out.stdout);
-    }
+    scripts::refuses(
+        "bench-isolation.sh",
+        &[
+            (&["--connections", "0"][..], "--connections 0"),
+            (&["--seconds", "ten"][..], "--seconds ten"),
+            (&["--cpu-max", "150"][..], "--cpu-max 150"),
+            (&["--kinds", "qp,flood"][..], "unknown kind flood"),
+            (&["--kinds", "mr:big"][..], "mr:BYTES"),
+            (&["--layers", "none,ebpf"][..], "unknown layer ebpf"),
+            (&["--rounds", "0"][..], "--rounds 0"),
+            (&["--rounds", "many"][..], "--rounds many"),
+            (&["--repeat", "3"][..], "unknown argument --repeat"),
+            (&["--out"][..], "--out needs a value"),
+            (&["--flag-rate", "0"][..], "--flag-rate 0"),
+            (&["--flag-window", "0.05"][..], "--flag-window 0.05"),
+            (&["--flag-window", "soon"][..], "--flag-window soon"),
+        ],
+    );
 }
 
 /// Runs the report on `rows` (raw.csv without its header) in a fresh directory: its exit
