@@ -189,6 +189,17 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// One slowdown reported, then one recovery, and nothing else.
+    fn assert_slowed_then_recovered(changes: &[SetupChange]) {
+        assert!(
+            matches!(
+                changes,
+                [SetupChange::Slowed { .. }, SetupChange::Recovered { .. }]
+            ),
+            "{changes:?}"
+        );
+    }
+
     #[test]
     fn a_flood_is_reported_once_when_setup_slows_and_once_when_it_recovers() {
         let mut w = SetupWatch::new(SetupWatchConfig::new(20, 2.0));
@@ -267,13 +278,7 @@ mod tests {
         {
             changes.extend(w.observe(took));
         }
-        assert!(
-            matches!(
-                changes[..],
-                [SetupChange::Slowed { .. }, SetupChange::Recovered { .. }]
-            ),
-            "{changes:?}"
-        );
+        assert_slowed_then_recovered(&changes);
         assert!(!w.is_slow());
     }
 
@@ -291,13 +296,7 @@ mod tests {
         {
             changes.extend(w.observe(took));
         }
-        assert!(
-            matches!(
-                changes[..],
-                [SetupChange::Slowed { .. }, SetupChange::Recovered { .. }]
-            ),
-            "{changes:?}"
-        );
+        assert_slowed_then_recovered(&changes);
         // A slowdown that lasts is still reported once a window of it has been seen.
         let again: Vec<_> = std::iter::repeat_n(ms(20), 10)
             .filter_map(|took| w.observe(took))

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use secure_rdma::client::{Client, ClientConfig};
 use secure_rdma_tests::secure::{
     bin, client, hostile_client as hostile, small_tcp_buffers, Held, Lines, Pki, ServerProc,
 };
@@ -264,6 +265,43 @@ fn soak_in_process_sessions_leave_nothing_behind_and_flat_rss() {
     );
 }
 
+/// A server with `--idle-timeout 2` on `port` (and its PKI), and the configuration and
+/// runtime of a client `name` with `lanes` lanes.
+fn idle_lab(
+    port: u16,
+    name: &str,
+    lanes: usize,
+) -> (Pki, ServerProc, ClientConfig, tokio::runtime::Runtime) {
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&[name.to_owned()]);
+    let server = ServerProc::start(&pki, port, &["--idle-timeout", "2"]);
+    let cfg = secure_rdma_tests::LabClientArgs {
+        host: ADDR_A.to_owned(),
+        port: server.port,
+        certs: pki.dir().to_owned(),
+        name: name.to_owned(),
+    }
+    .config(STEP)
+    .with_lanes(lanes);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    (pki, server, cfg, rt)
+}
+
+/// How long after `last` the server ended `client`'s session with an orderly goodbye.
+async fn ended_after(client: &mut Client, last: Instant) -> Duration {
+    let ended = tokio::time::timeout(STEP, client.closed())
+        .await
+        .expect("the server never ended the silent session");
+    let quiet = last.elapsed();
+    assert!(ended.is_ok(), "{ended:?}");
+    quiet
+}
+
 /// A message on another lane keeps the session alive as one on lane 0 does, and the idle
 /// timeout counts from it: each lane notes when its last message came. Until stop 38 the
 /// server saw another lane's traffic only when its timer fired, and counted from then, so a
@@ -271,27 +309,9 @@ fn soak_in_process_sessions_leave_nothing_behind_and_flat_rss() {
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn the_idle_timeout_counts_from_the_last_message_on_any_lane() {
-    require_lab();
-    let pki = Pki::new();
-    pki.clients(&["laned".to_owned()]);
-    let server = ServerProc::start(&pki, 4607, &["--idle-timeout", "2"]);
-    let cfg = secure_rdma_tests::LabClientArgs {
-        host: ADDR_A.to_owned(),
-        port: server.port,
-        certs: pki.dir().to_owned(),
-        name: "laned".to_owned(),
-    }
-    .config(STEP)
-    .with_lanes(2);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let (_pki, server, cfg, rt) = idle_lab(4607, "laned", 2);
     rt.block_on(async {
-        let mut client = secure_rdma::client::Client::connect(&cfg)
-            .await
-            .expect("connect");
+        let mut client = Client::connect(&cfg).await.expect("connect");
         let started = Instant::now();
         // 4 messages 0.8 s apart, which the client spreads over its two lanes in turn: the
         // last one on lane 1. The old server would end the session 3.6 s after it.
@@ -313,11 +333,7 @@ fn the_idle_timeout_counts_from_the_last_message_on_any_lane() {
             );
         }
         assert_eq!(lanes, [0, 1, 0, 1], "the lanes each message went on");
-        let ended = tokio::time::timeout(STEP, client.closed())
-            .await
-            .expect("the server never ended the silent session");
-        let quiet = last.elapsed();
-        assert!(ended.is_ok(), "{ended:?}");
+        let quiet = ended_after(&mut client, last).await;
         // Not before the timeout, and well before the 3.6 s the old server took (a round
         // trip and the coarse clock's tick are milliseconds).
         assert!(
@@ -338,26 +354,9 @@ fn the_idle_timeout_counts_from_the_last_message_on_any_lane() {
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn the_idle_timeout_counts_from_the_last_message() {
-    require_lab();
-    let pki = Pki::new();
-    pki.clients(&["quiet".to_owned()]);
-    let server = ServerProc::start(&pki, 4606, &["--idle-timeout", "2"]);
-    let cfg = secure_rdma_tests::LabClientArgs {
-        host: ADDR_A.to_owned(),
-        port: server.port,
-        certs: pki.dir().to_owned(),
-        name: "quiet".to_owned(),
-    }
-    .config(STEP);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let (_pki, server, cfg, rt) = idle_lab(4606, "quiet", 1);
     rt.block_on(async {
-        let mut client = secure_rdma::client::Client::connect(&cfg)
-            .await
-            .expect("connect");
+        let mut client = Client::connect(&cfg).await.expect("connect");
         let started = Instant::now();
         // 4 messages 0.8 s apart: 2.4 s of traffic, more than the 2 s timeout.
         // `last` is taken before the last send, not after its acknowledgement: the server's
@@ -375,11 +374,7 @@ fn the_idle_timeout_counts_from_the_last_message() {
                 .unwrap_or_else(|e| panic!("message {i} after {:?}: {e}", started.elapsed()));
             assert_eq!(ack.seq, i);
         }
-        let ended = tokio::time::timeout(STEP, client.closed())
-            .await
-            .expect("the server never ended the silent session");
-        let quiet = last.elapsed();
-        assert!(ended.is_ok(), "{ended:?}");
+        let quiet = ended_after(&mut client, last).await;
         assert!(
             quiet >= Duration::from_secs(2),
             "ended {quiet:?} after the last message: the timeout is 2 s"
