@@ -126,10 +126,11 @@ impl SetupWatch {
             self.recent.pop_front();
         }
         self.recent.push_back(took);
+        // Counted from the first setup: the first window is judged as soon as it is full.
+        self.since_change = self.since_change.saturating_add(1);
         if self.recent.len() < self.config.window {
             return None;
         }
-        self.since_change = self.since_change.saturating_add(1);
         let median = median(&self.recent);
         self.median = Some(median);
         let baseline = *self
@@ -304,6 +305,21 @@ mod tests {
         assert!(
             matches!(again[..], [SetupChange::Slowed { .. }]),
             "{again:?}"
+        );
+    }
+
+    #[test]
+    fn a_slowdown_is_judged_from_the_first_full_window_on() {
+        // Three slow setups after five calm ones make the median of five slow: reported then,
+        // not a window later.
+        let mut w = SetupWatch::new(SetupWatchConfig::new(5, 2.0));
+        let changes: Vec<_> = std::iter::repeat_n(ms(10), 5)
+            .chain(std::iter::repeat_n(ms(30), 3))
+            .filter_map(|took| w.observe(took))
+            .collect();
+        assert!(
+            matches!(changes[..], [SetupChange::Slowed { .. }]),
+            "{changes:?}"
         );
     }
 
