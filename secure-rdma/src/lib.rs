@@ -10,6 +10,8 @@
 //! - [`psn`]: 24-bit PSNs and QPNs, drawn from the OS CSPRNG.
 //! - [`verbs`]: device, GIDs, protection domains, completion queues,
 //!   memory regions and the typestate RC queue pair.
+//! - [`slots`]: the send slots of many sessions on one protection domain,
+//!   carved from a registration per 64 of them.
 //! - [`shared_queue`]: receives of many queue pairs through one shared
 //!   receive queue and one completion queue, routed to each by its number
 //!   (the scalable server's receive side).
@@ -49,7 +51,7 @@
 //! The layers, lowest first:
 //!
 //! ```text
-//! psn → verbs → shared_queue → datapath → protect → certs → tls → handshake → session → lanes → warm → client, server
+//! psn → verbs → slots → shared_queue → datapath → protect → certs → tls → handshake → session → lanes → warm → client, server
 //! ```
 //!
 //! (`clock`, `ratelimit`, `quota` and `metrics` stand beside them: `clock` needs
@@ -78,6 +80,7 @@ pub mod server;
 pub mod session;
 pub mod setup_watch;
 pub mod shared_queue;
+pub mod slots;
 pub mod tls;
 pub mod verbs;
 pub mod warm;

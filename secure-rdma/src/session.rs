@@ -26,6 +26,7 @@ use crate::protect::{AuthError, Protection, SealError, HEADER_LEN, OVERHEAD};
 use crate::psn::Psn;
 use crate::quota::{Admission, Refusal, TenantQuota, Verb};
 use crate::shared_queue::{Inbox, InboxError, SharedQueue, SharedQueueError};
+use crate::slots::Slots;
 use crate::tls::{Tokens, TOKEN_LEN};
 use crate::verbs::{
     Completion, CompletionQueue, Device, GidEntry, MemoryRegion, MemoryWindow, MrAccess, Poll,
@@ -410,13 +411,11 @@ pub struct Session {
     // releases the QP and the region it is bound to. Then the QP goes, then the regions.
     window: Option<Arc<MemoryWindow>>,
     qp: QueuePair<Rts>,
-    send_mr: Arc<MemoryRegion>,
+    send: Slots,
     receive: Receive,
     data_mr: Option<Arc<MemoryRegion>>,
     remote_buffer: Option<RemoteBuffer>,
     protection: Option<Protection>,
-    /// Reused for sealing, so a protected send allocates nothing.
-    scratch: Vec<u8>,
     /// Bytes of a message slot: payload plus overhead when protected.
     slot_len: usize,
     /// Operations posted, and how many of them have completed: the
@@ -651,14 +650,20 @@ impl Session {
         let at = (self.posted % self.config.send_slots as u64) as usize * self.slot_len;
         let n = match &mut self.protection {
             None => {
-                self.send_mr.write(at, data)?;
+                self.send.write(at, data)?;
                 data.len()
             }
             Some(p) => {
-                self.scratch.resize(data.len() + OVERHEAD, 0);
-                let n = p.sealer.seal(op, data, &mut self.scratch)?;
-                self.send_mr.write(at, &self.scratch[..n])?;
-                n
+                // Sealed in place in the registered slot: no copy through a buffer of the
+                // session's own (a slot's worth of memory per session, and a copy per message).
+                // SAFETY: the slot at `at` is not in flight: the loop above waited until fewer
+                // than `send_slots` operations were, and they are the ones just before this one,
+                // each in its own slot.
+                unsafe {
+                    self.send.fill_in_place(at, data.len() + OVERHEAD, |out| {
+                        p.sealer.seal(op, data, out)
+                    })
+                }??
             }
         };
         Ok(at..at + n)
@@ -674,7 +679,8 @@ impl Session {
         match op {
             Op::Send => {
                 let range = self.stage(Op::Send, data, self.max_len()).await?;
-                self.qp.post_send(SEND_WR, &self.send_mr, range)?;
+                let range = self.send.absolute(range)?;
+                self.qp.post_send(SEND_WR, self.send.region(), range)?;
             }
             Op::Write => {
                 let remote = self.remote_buffer.ok_or(SessionError::NoRemoteBuffer)?;
@@ -686,8 +692,15 @@ impl Session {
                 })?;
                 let slot = self.writes_posted % self.remote_write_slots(&remote);
                 let offset = slot * self.slot_len as u64;
-                self.qp
-                    .post_write_imm(WRITE_WR, &self.send_mr, range, &remote, offset, len)?;
+                let range = self.send.absolute(range)?;
+                self.qp.post_write_imm(
+                    WRITE_WR,
+                    self.send.region(),
+                    range,
+                    &remote,
+                    offset,
+                    len,
+                )?;
                 self.writes_posted += 1;
             }
         }
@@ -919,7 +932,7 @@ impl Shape {
 pub struct Resources {
     window: Option<Arc<MemoryWindow>>,
     qp: QueuePair<crate::verbs::Init>,
-    send_mr: Arc<MemoryRegion>,
+    send: Slots,
     receive: Receive,
     data_mr: Option<Arc<MemoryRegion>>,
     sgid: GidEntry,
@@ -996,7 +1009,7 @@ impl Resources {
         Ok(Resources {
             window,
             qp,
-            send_mr,
+            send: Slots::whole(send_mr),
             receive: Receive::Own(recv_mr),
             data_mr,
             sgid,
@@ -1038,7 +1051,8 @@ impl Resources {
         // rings are most of what a session on the shared queue maps), so no more than that;
         // it is also what the session reserves of the shared send CQ.
         let max_send = (send_slots + 2).max(4);
-        let send_mr = MemoryRegion::new(pd, bs * send_slots, MrAccess::Local)?;
+        // From the queue's arena: a registration per 64 sessions, not one each.
+        let send = shared.send_slots().take(bs * send_slots)?;
         let data_mr = match shape.accept_writes {
             true => Some(MemoryRegion::new(
                 pd,
@@ -1052,8 +1066,11 @@ impl Resources {
             max_recv_wr: 0,
         };
         // Its sends complete on the queue's shared send CQ: the session makes no CQ.
-        let (qp, inbox) =
+        let (mut qp, inbox) =
             shared.attach_sending(sgid.clone(), caps, shape.recv_slots, shape.accept_writes)?;
+        // The slots go back to the arena only once the QP is destroyed: no send of this
+        // session can read them after another session has them.
+        qp.retain(send.lease());
         // After the QP, as in `new`: the kernel destroys the window first on a process's death.
         let window = match &data_mr {
             Some(_) => Some(Arc::new(MemoryWindow::alloc(pd)?)),
@@ -1062,7 +1079,7 @@ impl Resources {
         Ok(Resources {
             window,
             qp,
-            send_mr,
+            send,
             receive: Receive::Shared(inbox),
             data_mr,
             sgid,
@@ -1184,7 +1201,7 @@ impl Prepared {
         let Resources {
             window,
             qp,
-            send_mr,
+            send,
             mut receive,
             data_mr,
             shape,
@@ -1244,12 +1261,11 @@ impl Prepared {
             session: Session {
                 window,
                 qp,
-                send_mr,
+                send,
                 receive,
                 data_mr,
                 remote_buffer: remote.buffer,
                 protection,
-                scratch: Vec::with_capacity(slot_len),
                 slot_len,
                 posted: 0,
                 completed: 0,
@@ -1338,8 +1354,9 @@ impl Session {
     /// SENDs this side's confirmation token and waits (the session's timeout) for its
     /// completion.
     async fn send_token(&mut self, token: &[u8]) -> Result<(), SessionError> {
-        self.send_mr.write(0, token)?;
-        self.qp.post_send(TOKEN_WR, &self.send_mr, 0..TOKEN_LEN)?;
+        self.send.write(0, token)?;
+        let range = self.send.absolute(0..TOKEN_LEN)?;
+        self.qp.post_send(TOKEN_WR, self.send.region(), range)?;
         next_sent_ok(
             self.qp.send_cq(),
             &mut self.receive,

@@ -392,6 +392,8 @@ pub struct SharedQueue {
     /// its pump, made as they are needed.
     sends: Mutex<Vec<SendCq>>,
     send_depth: usize,
+    /// The send slots of the sessions on this queue, a registration per 64 of them.
+    send_slots: crate::slots::Arena,
 }
 
 /// A shared send CQ, where its pump routes, and the pump.
@@ -500,7 +502,6 @@ impl SharedQueue {
             rx,
         ));
         Ok(Arc::new(SharedQueue {
-            pd,
             srq,
             cq,
             slot_len,
@@ -508,9 +509,17 @@ impl SharedQueue {
             routes,
             requests,
             pump,
+            send_slots: crate::slots::Arena::new(&pd),
+            pd,
             sends: Mutex::default(),
             send_depth,
         }))
+    }
+
+    /// Where the sessions on this queue take their send slots (on its protection domain):
+    /// a registration per 64 sessions instead of one each.
+    pub fn send_slots(&self) -> &crate::slots::Arena {
+        &self.send_slots
     }
 
     /// The protection domain every queue pair attached here, and every memory region it uses,

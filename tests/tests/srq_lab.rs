@@ -397,6 +397,95 @@ fn on_a_shared_pd_another_sessions_window_rkey_lands_nothing_where_a_region_rkey
 
 #[test]
 #[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_window_over_part_of_a_region_lets_its_peer_write_the_rest_but_a_region_of_its_own_bounds_it() {
+    require_lab();
+    runtime().block_on(async {
+        let (srv, cli) = (end(ADDR_A), end(ADDR_B));
+        let cq = CompletionQueue::new(srv.pd.device(), 256).expect("shared CQ");
+        let srq = SharedReceiveQueue::new(&srv.pd, 16).expect("SRQ");
+        let (mut server_qp, mut peer_qp, peer_cq) = shared_pairs(&srv, &cli, &cq, &srq, 1, true)
+            .pop()
+            .expect("one pair");
+        let src = MemoryRegion::new(&cli.pd, 4096, MrAccess::Local).expect("client MR");
+        // Posts a WRITE of `text` from the peer's QP to `remote` at offset 0; its status.
+        let mut write = |remote: RemoteBuffer, text: &'static str| {
+            src.write(0, text.as_bytes()).expect("fill");
+            peer_qp
+                .post_write(7, &src, 0..text.len(), &remote, 0)
+                .expect("post WRITE");
+            let ccq = Arc::clone(&peer_cq);
+            async move { ccq.next(WAIT).await.expect("the WRITE's completion").status }
+        };
+        let bind = |mr: &Arc<MemoryRegion>, range: std::ops::Range<usize>| {
+            let window = Arc::new(MemoryWindow::alloc(&srv.pd).expect("type 2 window"));
+            (window, mr.clone(), range)
+        };
+
+        // Two sessions' write slots carved from one region: the neighbour's first half, the
+        // peer's second, the peer's window bound over its half only.
+        let carved = MemoryRegion::new(&srv.pd, 8192, MrAccess::WindowBind).expect("region");
+        let (window, mr, range) = bind(&carved, 4096..8192);
+        server_qp
+            .post_bind_window_over(1, &window, &mr, range.clone())
+            .expect("bind over the second half");
+        cq.next_ok("the window's bind", WAIT).await.expect("bound");
+        let granted = window.remote_over(&mr, range);
+        assert_eq!((granted.addr, granted.len), (4096, 4096));
+        let status = write(granted, "inside the window").await;
+        assert!(status.is_success(), "through the window: {status}");
+        assert_eq!(carved.read(4096, 17).expect("read"), b"inside the window");
+        // The attack: the peer's own rkey, an address before its window (the neighbour's
+        // half). rxe's responder checks the address against the region, not the window.
+        let wide = RemoteBuffer {
+            addr: 0,
+            rkey: granted.rkey,
+            len: 8192,
+        };
+        let status = write(wide, "outside the window").await;
+        eprintln!(
+            "a WRITE outside the window, inside its region: {status}; the neighbour's slot now \
+             starts {:?}",
+            String::from_utf8_lossy(&carved.read(0, 18).expect("read"))
+        );
+        assert!(
+            status.is_success() && carved.read(0, 18).expect("read") == b"outside the window",
+            "this device now bounds a WRITE by the window ({status}): write slots could then be \
+             carved from one region (README, shared slots)"
+        );
+
+        // The defence: each session's write slots a region of their own, the window bound
+        // over all of it. The same attack reaches beyond the region, and is refused there.
+        let neighbour = MemoryRegion::new(&srv.pd, 4096, MrAccess::WindowBind).expect("region");
+        let own = MemoryRegion::new(&srv.pd, 4096, MrAccess::WindowBind).expect("region");
+        let (window, mr, range) = bind(&own, 0..4096);
+        server_qp
+            .post_bind_window_over(2, &window, &mr, range.clone())
+            .expect("bind over its own region");
+        cq.next_ok("the window's bind", WAIT).await.expect("bound");
+        let granted = window.remote_over(&mr, range);
+        let status = write(granted, "inside the window").await;
+        assert!(status.is_success(), "through the window: {status}");
+        assert_eq!(own.read(0, 17).expect("read"), b"inside the window");
+        let wide = RemoteBuffer {
+            addr: granted.addr,
+            rkey: granted.rkey,
+            len: 8192,
+        };
+        let mut beyond = wide;
+        beyond.addr += 4096;
+        let status = write(beyond, "outside the window").await;
+        eprintln!("a WRITE beyond a window over a region of its own: {status}");
+        assert!(
+            !status.is_success(),
+            "a WRITE beyond the window's own region must be refused"
+        );
+        assert_eq!(own.read(0, 4096).expect("read")[17..], [0u8; 4079][..]);
+        assert_eq!(neighbour.read(0, 4096).expect("read"), vec![0u8; 4096]);
+    });
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
 fn a_queue_pair_on_another_pds_shared_queue_is_refused_naming_the_queue() {
     require_lab();
     let rt = runtime();
@@ -626,5 +715,108 @@ fn queue_pairs_sending_through_shared_send_cqs_each_get_their_own_completions() 
             "{QPS} QPs, {} SENDs each through 2 shared send CQs of 16: every completion routed to its QP in order, every message delivered once",
             PER_QP
         );
+    });
+}
+
+/// Memory regions the kernel holds on `dev` now (`rdma resource show`).
+fn regions_on(dev: &str) -> u64 {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("rdma resource show");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!(" {dev}:")))
+        .unwrap_or_else(|| panic!("{dev} in `rdma resource show`: {text}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "mr").expect("an mr count");
+    words[at + 1].parse().expect("a number of regions")
+}
+
+/// Sessions on a shared queue take their send slots from its arena: 65 sessions' slots are two
+/// registrations, not 65. An extent goes back only when its queue pair is destroyed, and
+/// whoever takes it next finds it zeroed; a chunk left empty is deregistered.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn sessions_send_slots_come_from_a_registration_per_64_and_return_zeroed_after_their_queue_pair() {
+    use secure_rdma::shared_queue::SharedQueue;
+    use secure_rdma::slots::EXTENTS_PER_CHUNK;
+    require_lab();
+    runtime().block_on(async {
+        let srv = end(ADDR_A);
+        let queue = SharedQueue::new(srv.pd.device(), 16, 4096).expect("shared queue");
+        let arena = queue.send_slots();
+        let before = regions_on("rxe-a");
+        // A session's slot: 4 KiB of payload, the header and the tag.
+        const SLOT: usize = 4128;
+        let n = EXTENTS_PER_CHUNK + 1;
+        let mut slots: Vec<_> = (0..n)
+            .map(|_| arena.take(SLOT).expect("send slots"))
+            .collect();
+        let stats = arena.stats();
+        assert_eq!((stats.chunks, stats.taken), (2, n), "{stats:?}");
+        assert_eq!(
+            regions_on("rxe-a") - before,
+            2,
+            "kernel registrations for {n} sessions"
+        );
+        // No two sessions' slots overlap.
+        let mut spans: Vec<_> = slots
+            .iter()
+            .map(|s| {
+                (
+                    Arc::as_ptr(s.region()) as usize,
+                    s.absolute(0..SLOT).expect("span"),
+                )
+            })
+            .collect();
+        spans.sort_by_key(|(r, a)| (*r, a.start));
+        for w in spans.windows(2) {
+            assert!(
+                w[0].0 != w[1].0 || w[0].1.end <= w[1].1.start,
+                "overlapping slots: {w:?}"
+            );
+        }
+
+        // Session A's slot, holding its bytes, given to its queue pair.
+        let a = slots.remove(0);
+        a.write(0, b"session A's sealed message").expect("write");
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 0,
+        };
+        let (mut qp, inbox) = queue
+            .attach_sending(srv.gid.clone(), caps, 16, false)
+            .expect("a session's QP");
+        qp.retain(a.lease());
+        let (region, span) = (Arc::as_ptr(a.region()), a.absolute(0..SLOT).expect("span"));
+        drop(a);
+        assert_eq!(
+            arena.stats().taken,
+            n,
+            "the QP still holds session A's slot"
+        );
+        drop((qp, inbox));
+        assert_eq!(arena.stats().taken, n - 1, "back once the QP is destroyed");
+        // The next session gets that very extent, and nothing of session A in it.
+        let b = arena.take(SLOT).expect("send slots");
+        assert_eq!(
+            (Arc::as_ptr(b.region()), b.absolute(0..SLOT).expect("span")),
+            (region, span),
+            "the extent session A gave back"
+        );
+        assert_eq!(b.read(0, SLOT).expect("read"), vec![0u8; SLOT]);
+        eprintln!(
+            "{n} sessions' send slots: {} registrations; a returned extent came back zeroed",
+            stats.chunks
+        );
+        slots.push(b);
+
+        // Every session gone: the second chunk is deregistered, the last one kept.
+        drop(slots);
+        let stats = arena.stats();
+        assert_eq!((stats.chunks, stats.taken), (1, 0), "{stats:?}");
+        assert_eq!(regions_on("rxe-a") - before, 1, "kernel registrations left");
     });
 }

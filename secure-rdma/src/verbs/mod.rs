@@ -163,6 +163,10 @@ pub enum VerbsError {
         /// The error status.
         status: WcStatus,
     },
+    /// Filling a region in place that the peer may write: its bytes could change under the
+    /// writer, so only a region of local access is filled in place.
+    #[error("a memory region the peer may write cannot be filled in place; copy into it instead")]
+    RemotelyWritable,
     /// An access outside a memory region.
     #[error("range {start}..{end} is outside the {len}-byte memory region")]
     OutOfBounds {

@@ -123,6 +123,8 @@ pub struct MemoryRegion {
     /// The address work requests and the peer use for the first byte: 0 for
     /// regions the peer can reach, the buffer's own address otherwise.
     iova: u64,
+    /// Whether the peer may reach it (a region rkey or a window bound over it).
+    remote: bool,
     pd: Arc<ProtectionDomain>,
 }
 
@@ -186,6 +188,7 @@ impl MemoryRegion {
             buf,
             len,
             iova,
+            remote: access.remote(),
             pd: Arc::clone(pd),
         }))
     }
@@ -283,6 +286,36 @@ impl MemoryRegion {
                 data.len(),
             )
         };
+        Ok(())
+    }
+
+    /// `range` of a region the peer cannot reach, to be filled in place (a message sealed
+    /// straight into its send slot); refused for a region the peer may write.
+    ///
+    /// # Safety
+    /// While the slice lives, no posted work request may use `range` (a send reading it, a
+    /// receive landing there) and nothing else may read or write it.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn local_bytes_mut(
+        &self,
+        range: Range<usize>,
+    ) -> Result<&mut [u8], VerbsError> {
+        if self.remote {
+            return Err(VerbsError::RemotelyWritable);
+        }
+        self.check(&range)?;
+        // SAFETY: inside the buffer (checked); exclusive for the slice's life by the caller's
+        // contract; the device cannot write it from the wire (no remote access).
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(self.buf.ptr.as_ptr().add(range.start), range.len())
+        })
+    }
+
+    /// Sets the bytes of `range` to zero.
+    pub fn zero(&self, range: Range<usize>) -> Result<(), VerbsError> {
+        self.check(&range)?;
+        // SAFETY: bounds checked above.
+        unsafe { std::ptr::write_bytes(self.buf.ptr.as_ptr().add(range.start), 0, range.len()) };
         Ok(())
     }
 

@@ -73,10 +73,16 @@ impl MemoryWindow {
 
     /// What the peer needs to write through the window bound over all of `mr`.
     pub fn remote(&self, mr: &MemoryRegion) -> RemoteBuffer {
+        self.remote_over(mr, 0..mr.len())
+    }
+
+    /// What the peer needs to write through the window bound over `range` of `mr`
+    /// ([`QueuePair::post_bind_window_over`](super::QueuePair::post_bind_window_over)).
+    pub fn remote_over(&self, mr: &MemoryRegion, range: std::ops::Range<usize>) -> RemoteBuffer {
         RemoteBuffer {
-            addr: mr.addr(),
+            addr: mr.addr() + range.start as u64,
             rkey: self.rkey,
-            len: mr.len() as u64,
+            len: range.len() as u64,
         }
     }
 }

@@ -213,6 +213,8 @@ pub struct QueuePair<S: QpState> {
     windows: Vec<Arc<MemoryWindow>>,
     qp: RawQp,
     pinned: Vec<Arc<MemoryRegion>>,
+    /// What the caller asked to keep until the QP is destroyed ([`QueuePair::retain`]).
+    retained: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
     srq: Option<Arc<SharedReceiveQueue>>,
@@ -313,6 +315,7 @@ impl QueuePair<Reset> {
             windows: Vec::new(),
             qp,
             pinned: Vec::new(),
+            retained: Vec::new(),
             send_cq: Arc::clone(send_cq),
             recv_cq: Arc::clone(recv_cq),
             srq: srq.cloned(),
@@ -503,6 +506,7 @@ impl<S: QpState> QueuePair<S> {
             windows: self.windows,
             qp: self.qp,
             pinned: self.pinned,
+            retained: self.retained,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
             srq: self.srq,
@@ -511,6 +515,12 @@ impl<S: QpState> QueuePair<S> {
             qpn: self.qpn,
             _state: PhantomData,
         }
+    }
+
+    /// Keeps `what` until this queue pair is destroyed: memory its work requests may read
+    /// or write (a [`crate::slots::Slots`] lease) must not be reused before.
+    pub fn retain(&mut self, what: Arc<dyn std::any::Any + Send + Sync>) {
+        self.retained.push(what);
     }
 
     /// Keeps `mr` alive as long as this queue pair: a posted work request
@@ -621,9 +631,27 @@ impl QueuePair<Rts> {
         mw: &Arc<MemoryWindow>,
         mr: &Arc<MemoryRegion>,
     ) -> Result<(), VerbsError> {
+        self.post_bind_window_over(wr_id, mw, mr, 0..mr.len())
+    }
+
+    /// Binds `mw` over `range` of `mr` only, as [`QueuePair::post_bind_window`] binds it over
+    /// all of it: the peer is given [`MemoryWindow::remote_over`] with the same range.
+    ///
+    /// Whether the device then refuses a WRITE through the window outside `range` but inside
+    /// `mr` is the device's: Linux 6.1's rxe does not (its responder checks the address
+    /// against the region the window is bound to, not the window), so a range of a region is
+    /// no boundary between two peers there (see the README's shared slots).
+    pub fn post_bind_window_over(
+        &mut self,
+        wr_id: u64,
+        mw: &Arc<MemoryWindow>,
+        mr: &Arc<MemoryRegion>,
+        range: Range<usize>,
+    ) -> Result<(), VerbsError> {
         if !Arc::ptr_eq(mr.pd(), &self.pd) || !Arc::ptr_eq(mw.pd(), &self.pd) {
             return Err(VerbsError::ForeignRegion);
         }
+        mr.check(&range)?;
         if !self.pinned.iter().any(|p| Arc::ptr_eq(p, mr)) {
             self.pinned.push(Arc::clone(mr));
         }
@@ -640,8 +668,8 @@ impl QueuePair<Rts> {
             rkey: mw.rkey(),
             bind_info: ibv_mw_bind_info {
                 mr: mr.raw(),
-                addr: mr.addr(),
-                length: mr.len() as u64,
+                addr: mr.addr() + range.start as u64,
+                length: range.len() as u64,
                 mw_access_flags: ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
             },
         };
