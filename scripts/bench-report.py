@@ -207,13 +207,15 @@ def main() -> int:
     if holds:
         n = next(k[2] for k in values if k[1] == holds[0][0])
         lines += [f"### {n} sessions held on one secure-server", "",
-                  "| server | established | delivered | setup, ms | server KiB per session | client KiB per session "
+                  "| server | established | delivered | setup, ms | server KiB per session "
+                  "| kernel slab KiB per session (both ends) | client KiB per session "
                   "| of which rxe's rings | of which anonymous |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for _, label, h in holds:
             lines.append(f"| {label} | {fmt(h.get('established'), 0)} | {fmt(h.get('delivered'), 0)} "
                          f"| {fmt(h.get('setup_ms'), 0)} | "
-                         f"{fmt(h.get('server_rss_per_session_kib'))} | {fmt(h.get('client_rss_per_session_kib'))} "
+                         f"{fmt(h.get('server_rss_per_session_kib'))} | {fmt(h.get('slab_per_session_kib'))} "
+                         f"| {fmt(h.get('client_rss_per_session_kib'))} "
                          f"| {fmt(h.get('client_rdma_queues_per_session_kib'))} "
                          f"| {fmt(h.get('client_anonymous_per_session_kib'))} |")
         lines.append("")
@@ -257,12 +259,17 @@ def main() -> int:
             goals.append((f"{n} held sessions deliver their message", hold.get("delivered") == n,
                           fmt(hold.get("delivered"), 0)))
         # Issue 22's memory goal, on the better of the servers measured, each of which must
-        # also have held and delivered every session for its figure to count.
-        kib = [h["server_rss_per_session_kib"] for _, _, h in holds
-               if "server_rss_per_session_kib" in h and h.get("established") == n
-               and h.get("delivered", n) == n]
-        if kib:
-            goals.append(("≤ 32 KiB of server memory per idle session", min(kib) <= 32, fmt(min(kib))))
+        # also have held and delivered every session for its figure to count. It counts the
+        # server's RSS and the kernel's slab growth (measured for both ends at once, so an upper
+        # bound of the server's share); rows from before the slab was measured say so.
+        counted = [h for _, _, h in holds
+                   if "server_rss_per_session_kib" in h and h.get("established") == n
+                   and h.get("delivered", n) == n]
+        if counted:
+            slab = all("slab_per_session_kib" in h for h in counted)
+            kib = min(h["server_rss_per_session_kib"] + h.get("slab_per_session_kib", 0) for h in counted)
+            what = "RSS + the kernel's slab growth" if slab else "RSS only: no slab measured"
+            goals.append((f"≤ 32 KiB of server memory per idle session ({what})", kib <= 32, fmt(kib)))
     lines += ["### Goals", "", "| goal | reached | measured |", "|---|---|---:|"]
     for g, ok, m in goals:
         lines.append(f"| {g} | {'yes' if ok else '**no**'} | {m} |")
