@@ -55,13 +55,73 @@ pub struct Arena {
 struct Inner {
     pd: Arc<ProtectionDomain>,
     /// Chunks by extent length.
-    pools: Mutex<HashMap<usize, Vec<Chunk>>>,
+    pools: Mutex<HashMap<usize, Extents<Region>>>,
 }
 
-struct Chunk {
-    mr: Arc<MemoryRegion>,
-    /// Offsets of the extents nobody holds.
-    free: Vec<usize>,
+/// A chunk's registration, the same chunk only if the same registration.
+#[derive(Clone)]
+struct Region(Arc<MemoryRegion>);
+
+impl PartialEq for Region {
+    fn eq(&self, other: &Region) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// The extents of one size across its chunks: which has room, and which to let go. Only
+/// bookkeeping (a chunk is any `C`), so that its rules are tested without a device.
+struct Extents<C> {
+    extent: usize,
+    /// Each chunk, with the offsets of the extents nobody holds.
+    chunks: Vec<(C, Vec<usize>)>,
+}
+
+impl<C: Clone + PartialEq> Extents<C> {
+    fn new(extent: usize) -> Extents<C> {
+        Extents {
+            extent,
+            chunks: Vec::new(),
+        }
+    }
+
+    /// A free extent of the fullest chunk with room (so that the emptiest chunks drain and can
+    /// be let go), or none.
+    fn take(&mut self) -> Option<(C, usize)> {
+        let (chunk, free) = self
+            .chunks
+            .iter_mut()
+            .filter(|(_, free)| !free.is_empty())
+            .min_by_key(|(_, free)| free.len())?;
+        Some((chunk.clone(), free.pop()?))
+    }
+
+    /// A chunk just registered: its first extent is taken, the others free.
+    fn add(&mut self, chunk: C) -> (C, usize) {
+        let free = (1..EXTENTS_PER_CHUNK)
+            .rev()
+            .map(|i| i * self.extent)
+            .collect();
+        self.chunks.push((chunk.clone(), free));
+        (chunk, 0)
+    }
+
+    /// The extent at `offset` of `chunk` is free again; the chunk, when it is now all free and
+    /// not the last of its size, is let go and returned.
+    fn give_back(&mut self, chunk: &C, offset: usize) -> Option<C> {
+        let at = self.chunks.iter().position(|(c, _)| c == chunk)?;
+        let free = &mut self.chunks[at].1;
+        free.push(offset);
+        (free.len() == EXTENTS_PER_CHUNK && self.chunks.len() > 1)
+            .then(|| self.chunks.swap_remove(at).0)
+    }
+
+    fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    fn free(&self) -> usize {
+        self.chunks.iter().map(|(_, free)| free.len()).sum()
+    }
 }
 
 impl std::fmt::Debug for Arena {
@@ -108,17 +168,9 @@ impl Arena {
             .checked_next_multiple_of(ALIGN)
             .ok_or(VerbsError::RegionAlloc(len))?;
         let mut pools = self.inner.lock();
-        let chunks = pools.entry(extent).or_default();
-        // The fullest chunk with room: chunks left empty can then be deregistered.
-        let found = chunks
-            .iter_mut()
-            .filter(|c| !c.free.is_empty())
-            .min_by_key(|c| c.free.len());
-        let (mr, offset) = match found {
-            Some(chunk) => {
-                let offset = chunk.free.pop().ok_or(VerbsError::RegionAlloc(len))?;
-                (Arc::clone(&chunk.mr), offset)
-            }
+        let extents = pools.entry(extent).or_insert_with(|| Extents::new(extent));
+        let (Region(mr), offset) = match extents.take() {
+            Some(found) => found,
             None => {
                 let size = extent
                     .checked_mul(EXTENTS_PER_CHUNK)
@@ -126,14 +178,8 @@ impl Arena {
                 // Registered under the lock: one registration per 64 sessions, and two
                 // sessions that found no room must not both register a chunk.
                 let mr = MemoryRegion::new(&self.inner.pd, size, MrAccess::Local)?;
-                let mut free: Vec<usize> = (1..EXTENTS_PER_CHUNK).map(|i| i * extent).collect();
-                free.reverse();
                 tracing::debug!(extent, chunk_bytes = size, "send slots: a chunk registered");
-                chunks.push(Chunk {
-                    mr: Arc::clone(&mr),
-                    free,
-                });
-                (mr, 0)
+                extents.add(Region(mr))
             }
         };
         Ok(Slots {
@@ -149,8 +195,8 @@ impl Arena {
     /// Chunks registered and extents handed out now.
     pub fn stats(&self) -> ArenaStats {
         let pools = self.inner.lock();
-        let chunks = pools.values().map(Vec::len).sum();
-        let free: usize = pools.values().flatten().map(|c| c.free.len()).sum();
+        let chunks = pools.values().map(Extents::chunks).sum();
+        let free: usize = pools.values().map(Extents::free).sum();
         ArenaStats {
             chunks,
             taken: chunks * EXTENTS_PER_CHUNK - free,
@@ -159,7 +205,7 @@ impl Arena {
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Vec<Chunk>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Extents<Region>>> {
         self.pools.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -181,20 +227,20 @@ impl Drop for Lease {
         if self.mr.zero(self.range.clone()).is_err() {
             return;
         }
-        let extent = self.range.len();
         let mut pools = arena.lock();
-        let Some(chunks) = pools.get_mut(&extent) else {
+        let Some(extents) = pools.get_mut(&self.range.len()) else {
             return;
         };
-        let Some(at) = chunks.iter().position(|c| Arc::ptr_eq(&c.mr, &self.mr)) else {
-            return;
-        };
-        chunks[at].free.push(self.range.start);
-        if chunks[at].free.len() == EXTENTS_PER_CHUNK && chunks.len() > 1 {
-            // Deregistered when the queue pairs that pinned it are gone (they are: every
-            // extent's lease outlives its queue pair).
-            chunks.swap_remove(at);
-            tracing::debug!(extent, "send slots: an empty chunk deregistered");
+        if extents
+            .give_back(&Region(Arc::clone(&self.mr)), self.range.start)
+            .is_some()
+        {
+            // Deregistered when the last Arc goes: the queue pairs that pinned it are gone
+            // (every extent's lease outlives its queue pair).
+            tracing::debug!(
+                extent = self.range.len(),
+                "send slots: an empty chunk let go"
+            );
         }
     }
 }
@@ -305,5 +351,67 @@ mod tests {
     fn an_extent_is_rounded_to_a_cache_line() {
         assert_eq!(4128usize.next_multiple_of(ALIGN), 4160);
         assert_eq!(64usize.next_multiple_of(ALIGN), 64);
+    }
+
+    /// Takes like the arena: from a chunk with room, or a new chunk (numbered from 1).
+    fn take(e: &mut Extents<u32>) -> (u32, usize) {
+        e.take().unwrap_or_else(|| {
+            let next = e.chunks() as u32 + 1;
+            e.add(next)
+        })
+    }
+
+    #[test]
+    fn extents_fill_a_chunk_before_the_next_and_never_overlap() {
+        let mut e = Extents::new(4160);
+        let taken: Vec<_> = (0..EXTENTS_PER_CHUNK + 1).map(|_| take(&mut e)).collect();
+        assert_eq!(e.chunks(), 2);
+        assert_eq!(e.free(), EXTENTS_PER_CHUNK - 1);
+        let mut seen = std::collections::HashSet::new();
+        for (chunk, offset) in &taken {
+            assert_eq!(offset % 4160, 0);
+            assert!(
+                *offset < 4160 * EXTENTS_PER_CHUNK,
+                "{offset} past its chunk"
+            );
+            assert!(
+                seen.insert((*chunk, *offset)),
+                "{chunk}/{offset} handed out twice"
+            );
+        }
+        assert_eq!(
+            taken.iter().filter(|(c, _)| *c == 1).count(),
+            EXTENTS_PER_CHUNK
+        );
+    }
+
+    #[test]
+    fn a_returned_extent_is_taken_from_the_fullest_chunk_first() {
+        let mut e = Extents::new(64);
+        let taken: Vec<_> = (0..EXTENTS_PER_CHUNK + 2).map(|_| take(&mut e)).collect();
+        // Chunk 1 full but for one extent given back, chunk 2 with two taken: the next take
+        // is chunk 1's, so that chunk 2 can drain.
+        assert_eq!(e.give_back(&1, taken[5].1), None);
+        assert_eq!(e.take(), Some((1, taken[5].1)));
+        assert_eq!(e.take().map(|(c, _)| c), Some(2));
+    }
+
+    #[test]
+    fn a_chunk_all_free_is_let_go_unless_it_is_the_last() {
+        let mut e = Extents::new(64);
+        let taken: Vec<_> = (0..EXTENTS_PER_CHUNK + 1).map(|_| take(&mut e)).collect();
+        let (last, rest) = taken.split_last().expect("taken");
+        assert_eq!(*last, (2, 0));
+        // Chunk 2's only extent back: chunk 2 is let go.
+        assert_eq!(e.give_back(&2, 0), Some(2));
+        assert_eq!(e.chunks(), 1);
+        // Every one of chunk 1's back: it stays, the last of its size.
+        for (chunk, offset) in rest {
+            assert_eq!(e.give_back(chunk, *offset), None);
+        }
+        assert_eq!((e.chunks(), e.free()), (1, EXTENTS_PER_CHUNK));
+        // An extent of a chunk let go is nobody's to give back.
+        assert_eq!(e.give_back(&2, 64), None);
+        assert_eq!(e.free(), EXTENTS_PER_CHUNK);
     }
 }
