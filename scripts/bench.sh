@@ -342,6 +342,8 @@ hold() {
     echo "bench: holding $HOLD sessions ($op)" >&2
     rss() { awk '/^VmRSS:/ { print $2 }' /proc/$1/status; }
     slab() { awk '/^Slab:/ { print $2 }' /proc/meminfo; }
+    # per_session PEAK BASE N: KiB per session of a growth from BASE to PEAK over N sessions.
+    per_session() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { printf "%.1f", (a - b) / n }'; }
     idle=$(rss "$server") slab0=$(slab)
     "${CLIENT[@]/4800/$port}" "${extra[@]}" bench hold -n "$HOLD" --concurrency 16 --hold 20 --json >"$WORK/$op.json" &
     hc=$!
@@ -367,9 +369,9 @@ hold() {
     est=$(jq .established <<<"$j")
     if [ "$est" -gt 0 ]; then
         row 1 secure-rdma "$op" "$HOLD" protected server_rss_per_session_kib \
-            "$(awk -v a="$peak" -v b="$idle" -v n="$est" 'BEGIN { printf "%.1f", (a - b) / n }')" KiB
+            "$(per_session "$peak" "$idle" "$est")" KiB
         row 1 secure-rdma "$op" "$HOLD" protected slab_per_session_kib \
-            "$(awk -v a="$slabpeak" -v b="$slab0" -v n="$est" 'BEGIN { printf "%.1f", (a - b) / n }')" KiB
+            "$(per_session "$slabpeak" "$slab0" "$est")" KiB
     fi
     return 0
 }

@@ -153,11 +153,6 @@ impl Arena {
         }
     }
 
-    /// The protection domain the slots are registered on.
-    pub fn pd(&self) -> &Arc<ProtectionDomain> {
-        &self.inner.pd
-    }
-
     /// `len` bytes of send slots, zeroed, from a chunk with room, or from a chunk registered
     /// now when none has.
     pub fn take(&self, len: usize) -> Result<Slots, VerbsError> {
@@ -224,7 +219,7 @@ impl Drop for Lease {
             return;
         };
         // Nothing of this session may reach the next: zeroed before it is free again.
-        if self.mr.zero(self.range.clone()).is_err() {
+        if self.mr.fill(self.range.clone(), 0).is_err() {
             return;
         }
         let mut pools = arena.lock();

@@ -311,18 +311,12 @@ impl MemoryRegion {
         })
     }
 
-    /// Sets the bytes of `range` to zero.
-    pub fn zero(&self, range: Range<usize>) -> Result<(), VerbsError> {
+    /// Sets every byte of `range` to `byte`.
+    pub fn fill(&self, range: Range<usize>, byte: u8) -> Result<(), VerbsError> {
         self.check(&range)?;
         // SAFETY: bounds checked above.
-        unsafe { std::ptr::write_bytes(self.buf.ptr.as_ptr().add(range.start), 0, range.len()) };
+        unsafe { std::ptr::write_bytes(self.buf.ptr.as_ptr().add(range.start), byte, range.len()) };
         Ok(())
-    }
-
-    /// Sets every byte to `byte`.
-    pub fn fill(&self, byte: u8) {
-        // SAFETY: the whole buffer is ours.
-        unsafe { std::ptr::write_bytes(self.buf.ptr.as_ptr(), byte, self.len) };
     }
 }
 
