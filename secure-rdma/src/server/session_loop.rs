@@ -122,6 +122,9 @@ pub(super) async fn serve_session(
         let (reason, _) = cert_end(end, metrics);
         tracing::warn!(client = %identity, %reason, "refused: the client's certificate no longer admits it");
         metrics.handshake(HandshakeOutcome::TlsFailed);
+        // Dropped before the await, not after it: held across it, the keys (1,376 bytes)
+        // would size this future for every session.
+        drop(secrets);
         let _ = send_within(&mut chan, &Message::Abort { reason }, courtesy).await;
         return Outcome::Failed;
     }
@@ -131,7 +134,14 @@ pub(super) async fn serve_session(
     // its largest step, and it is held for the whole session. The setup alone was 16 KiB,
     // more than all an idle session keeps; a step taken once should not be paid for by every
     // session a server holds.
-    let setup = Box::pin(async { Session::establish_prepared(&mut chan, prepared?).await });
+    // The session itself is boxed too: the timeout's result lives through the match's arms
+    // (their awaits), so a session held inline had two slots of its size in this future, the
+    // result's and the local's (1,952 bytes each).
+    let setup = Box::pin(async {
+        Session::establish_prepared(&mut chan, prepared?)
+            .await
+            .map(Box::new)
+    });
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -312,10 +322,12 @@ pub(super) async fn serve_session(
                         Err(refused) => Err(Refused { reason: RejectReason::Policy { detail: refused }, label: "policy" }),
                         Ok(lease) => {
                             let conn = chan.get_ref().get_ref().1;
-                            Box::pin(lane_ctx.open(&req, &used_lanes, lease.first, conn)).await.map(|(u, h)| (u, h, lease))
+                            Box::pin(lane_ctx.open(&req, &used_lanes, lease.first, conn)).await.map(|(u, h)| Box::new((u, h, lease)))
                         }
                     };
-                    let answer = match opened {
+                    // Boxed as it comes back: an unconfirmed lane inline was 2 KiB of this
+                    // future, held for the whole session although a lane opens only here.
+                    let answer = match opened.map(|b| *b) {
                         Ok((unconfirmed, held, lease)) => {
                             let endpoint = unconfirmed.local();
                             used_lanes.push(req.lane);
