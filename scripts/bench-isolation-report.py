@@ -23,15 +23,24 @@ def main() -> None:
         sys.exit("usage: bench-isolation-report.py RAW.csv OUTDIR")
     raw, out = Path(sys.argv[1]), Path(sys.argv[2])
     # With --rounds N every row is measured N times: each metric is the median of its rounds.
+    # A round starts with the victim alone; what follows belongs to that round (the rows after
+    # the last round, alone again and the collector's, to the last).
     samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+    by_round: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
     order: list[tuple[str, str]] = []
+    round_no, previous = -1, None
     with raw.open() as f:
         for r in csv.DictReader(f):
             key = (r["kind"], r["layer"])
+            if key == ("alone", "none") and previous != key:
+                round_no += 1
+            previous = key
             if key not in samples:
                 samples[key] = {}
+                by_round[key] = {}
                 order.append(key)
             samples[key].setdefault(r["metric"], []).append(float(r["value"]))
+            by_round[key].setdefault(r["metric"], []).append((max(round_no, 0), float(r["value"])))
     rows = {key: {metric: statistics.median(v) for metric, v in m.items()}
             for key, m in samples.items()}
     rounds = max((len(v) for v in samples.get(("alone", "none"), {}).values()), default=1)
@@ -52,16 +61,31 @@ def main() -> None:
     alone = rows.get(("alone", "none"))
     if not alone or "setup_p50" not in alone:
         sys.exit("bench-isolation-report.py: no measurement of the victim alone in " + str(raw))
+    alone_in = {metric: dict(v) for metric, v in by_round[("alone", "none")].items()}
 
-    def ratio(m: dict[str, float], metric: str, fmt: str) -> str:
+    def rel(key: tuple[str, str], metric: str) -> float | None:
+        """The row's metric relative to the victim alone: the median of each round's value
+        over that round's own alone. The lab's speed drifts within a boot (in one run the victim
+        alone took 51, 57 and 96 ms in its three rounds), and a median of values taken across
+        rounds would set a slow round's flood against a fast round's alone. Alone again, at
+        the end, is set against the first round's alone: it is there to show the whole run's
+        drift."""
+        base = alone_in.get(metric, {})
+        if key[0] == "alone-again":
+            base = {r: base.get(0) for r, _ in by_round[key].get(metric, [])}
+        paired = [v / base[r] for r, v in by_round[key].get(metric, []) if base.get(r)]
+        return statistics.median(paired) if paired else None
+
+    def ratio(key: tuple[str, str], metric: str, fmt: str) -> str:
+        m = rows[key]
         if metric not in m:
             return "failed" if any(k.endswith("_failed") for k in m) else "-"
-        base = alone.get(metric)
-        if not base:
+        x = rel(key, metric)
+        if x is None:
             return fmt.format(m[metric])
         if metric == "write64k_bw":
-            return f"{fmt.format(m[metric])} ({100 * m[metric] / base:.0f} %)"
-        return f"{fmt.format(m[metric])} ({m[metric] / base:.2f}x)"
+            return f"{fmt.format(m[metric])} ({100 * x:.0f} %)"
+        return f"{fmt.format(m[metric])} ({x:.2f}x)"
 
     def verdict(kind: str, layer: str, m: dict[str, float]) -> str:
         judged = (layer == "intercept" and kind in ("cq", "qp", "pd") or kind.startswith("mr:")
@@ -70,12 +94,13 @@ def main() -> None:
             return ""
         if "setup_p50" not in m or "write64k_bw" not in m:
             return "miss (victim failed)"
+        key = (kind, layer)
         misses = []
-        if m["setup_p50"] / alone["setup_p50"] > GOAL_P50:
+        if (rel(key, "setup_p50") or math.inf) > GOAL_P50:
             misses.append(f"p50 > {GOAL_P50}x")
-        if m["setup_p99"] / alone["setup_p99"] > GOAL_P99:
+        if (rel(key, "setup_p99") or math.inf) > GOAL_P99:
             misses.append(f"p99 > {GOAL_P99}x")
-        if m["write64k_bw"] / alone["write64k_bw"] < GOAL_BW:
+        if (rel(key, "write64k_bw") or 0) < GOAL_BW:
             misses.append(f"WRITE < {GOAL_BW:.0%}")
         return "goal met" if not misses else "miss: " + ", ".join(misses)
 
@@ -118,10 +143,10 @@ def main() -> None:
         cells = [
             kind,
             layer if kind not in ("alone", "alone-again") else "",
-            ratio(m, "setup_p50", "{:.1f}"),
-            ratio(m, "setup_p99", "{:.1f}"),
-            ratio(m, "send64_p99", "{:.0f}"),
-            ratio(m, "write64k_bw", "{:.1f}"),
+            ratio(key, "setup_p50", "{:.1f}"),
+            ratio(key, "setup_p99", "{:.1f}"),
+            ratio(key, "send64_p99", "{:.0f}"),
+            ratio(key, "write64k_bw", "{:.1f}"),
             f"{m['flood_cycles_per_s']:.0f}" if "flood_cycles_per_s" in m else "",
             f"{m['flood_refused_per_s']:.0f}" if "flood_refused_per_s" in m else "",
             f"{m['flood_held']:.0f}" if "flood_held" in m else "",
@@ -135,16 +160,17 @@ def main() -> None:
         lines.append("| " + " | ".join(cells) + " |")
         label = kind if kind.startswith("alone") else f"{kind} {layer}"
         labels.append(label)
-        plot.append((
-            m.get("setup_p50", 0) / alone["setup_p50"],
-            m.get("setup_p99", 0) / alone["setup_p99"],
-            m.get("write64k_bw", 0) / alone["write64k_bw"],
-        ))
+        plot.append(tuple(rel(key, metric) or 0
+                          for metric in ("setup_p50", "setup_p99", "write64k_bw")))
     refused = rows.get(("refused", "intercept-fail"), {})
     notes = [
         "",
         (f"Each value is the median of {rounds} rounds (every row once per round, the victim "
-         "alone at the start of each). " if rounds > 1 else "") +
+         "alone at the start of each); each ratio is the median of the rounds' own ratios, a "
+         "round's row against the victim alone at that round's start (the victim alone, setup "
+         "p50 per round: " +
+         ", ".join(f"{v:.1f}" for _, v in by_round[("alone", "none")]["setup_p50"]) +
+         " ms). " if rounds > 1 else "") +
         "Ratios to the victim alone; WRITE as a share of alone. Two floods per row, one per "
         "device. Goals (issue 23): setup p50 <= 1.3x, p99 <= 2x, WRITE >= 80 % on the "
         "interceptor (wait) row of each churn flood; bypass and hoard on the rdma cgroup row; "

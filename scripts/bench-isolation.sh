@@ -43,9 +43,11 @@
 # Usage: scripts/bench-isolation.sh [options]
 #   --connections N  connections per setup measurement (default 200)
 #   --rounds N       measure every row N times, the rounds interleaved (each row once, the
-#                    victim alone first, then again); the table shows each value's median
-#                    (default 1). Under emulation a row's ratio moves by about 0.3x from one
-#                    run to the next; three rounds make a verdict less of a coin toss
+#                    victim alone first, then again); the table shows each value's median, and
+#                    each ratio is the median of the rounds' ratios, every round's row against
+#                    that round's own alone (default 1). Under emulation a row's ratio moves by
+#                    about 0.3x from one run to the next, and the lab's speed drifts within a
+#                    boot; three rounds make a verdict less of a coin toss
 #   --seconds S      the refused flood's length for the collector's CPU (default 10)
 #   --kinds LIST     flood kinds, comma-separated (default cq,qp,mr:4096,mr:1048576,pd,bypass,hoard)
 #   --layers LIST    layers, comma-separated (default none,intercept,cgroup,cpu,kernel,kernel-cpu)

@@ -170,3 +170,70 @@ fn rounds_are_judged_on_their_medians() {
     );
     assert!(table.contains("cq/none: miss: not detected"), "{table}");
 }
+
+/// Three rounds of one boot (2026-11-29, `--rounds 3 --layers intercept`) in which the lab
+/// slowed as the run went on: the victim alone took 51.5, 56.5 and 95.6 ms per connection at
+/// the start of its three rounds, and 94.1 once more at the end.
+const DRIFTING: &str = "alone,none,setup_p50,51.5,ms
+alone,none,setup_p99,79.2,ms
+alone,none,write64k_bw,13.44,MB/s
+pd,intercept,setup_p50,54.9,ms
+pd,intercept,setup_p99,111.9,ms
+pd,intercept,write64k_bw,13.79,MB/s
+pd,intercept,flood_cycles_per_s,20,1/s
+alone,none,setup_p50,56.5,ms
+alone,none,setup_p99,98.1,ms
+alone,none,write64k_bw,12.83,MB/s
+pd,intercept,setup_p50,110.8,ms
+pd,intercept,setup_p99,256.5,ms
+pd,intercept,write64k_bw,10.3,MB/s
+pd,intercept,flood_cycles_per_s,20,1/s
+alone,none,setup_p50,95.6,ms
+alone,none,setup_p99,160.6,ms
+alone,none,write64k_bw,7.98,MB/s
+pd,intercept,setup_p50,88.6,ms
+pd,intercept,setup_p99,186.2,ms
+pd,intercept,write64k_bw,8.52,MB/s
+pd,intercept,flood_cycles_per_s,20,1/s
+alone-again,none,setup_p50,94.1,ms
+alone-again,none,setup_p99,144.5,ms
+alone-again,none,write64k_bw,8.43,MB/s
+refused,intercept-fail,collector_cpu,3.5,% of a core
+";
+
+#[test]
+fn each_round_is_set_against_its_own_alone_when_the_lab_drifts() {
+    // The median of the flood's values (88.6 ms, from the slow third round) over the median
+    // alone (56.5 ms, the second) read 1.57x, a miss; round by round the flood cost 1.07x,
+    // 1.96x and 0.93x: one bad round of three.
+    let (code, table, err) = report(DRIFTING);
+    assert_eq!(code, Some(0), "{err}\n{table}");
+    assert!(
+        table.contains("| pd | intercept | 88.6 (1.07x) |"),
+        "{table}"
+    );
+    // WRITE: 103 %, 80 % and 107 % of alone in its rounds.
+    assert!(table.contains("| 10.3 (103 %) |"), "{table}");
+    assert!(
+        table.contains("setup p50 per round: 51.5, 56.5, 95.6 ms"),
+        "the drift is shown: {table}"
+    );
+    // Alone again is set against the first round: the whole run's drift.
+    assert!(
+        table.contains("| alone-again |  | 94.1 (1.83x) |"),
+        "{table}"
+    );
+    // A flood that costs too much in most rounds still misses.
+    let worse = DRIFTING
+        .replace(
+            "pd,intercept,setup_p50,54.9,ms",
+            "pd,intercept,setup_p50,80.0,ms",
+        )
+        .replace(
+            "pd,intercept,setup_p50,88.6,ms",
+            "pd,intercept,setup_p50,130.0,ms",
+        );
+    let (code, table, _) = report(&worse);
+    assert_eq!(code, Some(3), "{table}");
+    assert!(table.contains("pd/intercept: miss: p50 > 1.3x"), "{table}");
+}
