@@ -25,9 +25,7 @@ def main() -> None:
     # With --rounds N every row is measured N times: each metric is the median of its rounds.
     # A round starts with the victim alone; what follows belongs to that round (the rows after
     # the last round, alone again and the collector's, to the last).
-    samples: dict[tuple[str, str], dict[str, list[float]]] = {}
     by_round: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
-    order: list[tuple[str, str]] = []
     round_no, previous = -1, None
     with raw.open() as f:
         for r in csv.DictReader(f):
@@ -35,12 +33,12 @@ def main() -> None:
             if key == ("alone", "none") and previous != key:
                 round_no += 1
             previous = key
-            if key not in samples:
-                samples[key] = {}
-                by_round[key] = {}
-                order.append(key)
-            samples[key].setdefault(r["metric"], []).append(float(r["value"]))
-            by_round[key].setdefault(r["metric"], []).append((max(round_no, 0), float(r["value"])))
+            metric = by_round.setdefault(key, {}).setdefault(r["metric"], [])
+            metric.append((max(round_no, 0), float(r["value"])))
+    # Rows in the order they were first measured (dicts keep insertion order).
+    order = list(by_round)
+    samples = {key: {metric: [v for _, v in pairs] for metric, pairs in m.items()}
+               for key, m in by_round.items()}
     rows = {key: {metric: statistics.median(v) for metric, v in m.items()}
             for key, m in samples.items()}
     rounds = max((len(v) for v in samples.get(("alone", "none"), {}).values()), default=1)
