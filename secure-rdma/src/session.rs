@@ -200,17 +200,47 @@ pub struct SessionConfig {
     /// the region's own rkey (the region then grants no remote access itself). Falls back to
     /// the region's rkey, with a warning, on a device without type 2 windows.
     pub memory_window: bool,
+    /// The largest payload this side posts (SENDs or WRITEs), when that is less than
+    /// `buffer_size`: its send slots are made that size (plus header and tag when protected).
+    /// A server posts nothing but its acknowledgements
+    /// ([`Ack::WIRE_LEN`](crate::datapath::Ack::WIRE_LEN) bytes), so send slots of the
+    /// client's buffer size, one per operation in flight, were memory every session held for
+    /// nothing. `None`: `buffer_size`.
+    pub max_post: Option<usize>,
+    /// The largest payload the peer posts to us, when that is less than `buffer_size`: the
+    /// receive slots are made that size. A client hears nothing over RDMA but the server's
+    /// token and acknowledgements, so sixteen receive slots of its buffer size (64 KiB of
+    /// every session and lane at the default 4 KiB) held 46-byte records. A larger SEND from
+    /// the peer then fails its receive (a local length error) and ends the session. `None`:
+    /// `buffer_size`.
+    pub max_receive: Option<usize>,
 }
 
 impl SessionConfig {
     /// Bytes of one message slot (payload, plus header and tag when
     /// protected) and receive slots, as [`Session::establish`] uses them.
     fn layout(&self) -> (usize, usize) {
+        (self.slot_for(self.buffer_size), self.recv_slots.max(2))
+    }
+
+    /// Bytes of a slot holding a payload of `len`: the header and tag when protected, and
+    /// room for the confirmation token in every case.
+    fn slot_for(&self, len: usize) -> usize {
         let overhead = if self.protected { OVERHEAD } else { 0 };
-        (
-            self.buffer_size.saturating_add(overhead).max(TOKEN_LEN),
-            self.recv_slots.max(2),
-        )
+        len.saturating_add(overhead).max(TOKEN_LEN)
+    }
+
+    /// The largest payload this side posts: `buffer_size`, or less ([`SessionConfig::max_post`]).
+    fn post_len(&self) -> usize {
+        self.max_post
+            .map_or(self.buffer_size, |m| m.min(self.buffer_size))
+    }
+
+    /// The largest payload the peer SENDs us: `buffer_size`, or less
+    /// ([`SessionConfig::max_receive`]).
+    fn receive_len(&self) -> usize {
+        self.max_receive
+            .map_or(self.buffer_size, |m| m.min(self.buffer_size))
     }
 
     /// Send slots and write slots, at least one each.
@@ -284,11 +314,10 @@ impl SessionConfig {
         }
         let (send_slots, write_slots) = self.slots();
         let data = self.accept_writes.then_some(bs.saturating_mul(write_slots));
-        let receive = (!shared).then_some(bs.saturating_mul(slots));
-        for size in [Some(bs.saturating_mul(send_slots)), receive, data]
-            .into_iter()
-            .flatten()
-        {
+        let recv_len = self.slot_for(self.receive_len());
+        let receive = (!shared).then_some(recv_len.saturating_mul(slots));
+        let send = self.slot_for(self.post_len()).saturating_mul(send_slots);
+        for size in [Some(send), receive, data].into_iter().flatten() {
             held.push(quota.admit_mr(bytes(size))?);
         }
         Ok(SessionAdmission { _held: held })
@@ -314,6 +343,8 @@ impl Default for SessionConfig {
             accept_writes: true,
             peer_address: None,
             memory_window: true,
+            max_post: None,
+            max_receive: None,
         }
     }
 }
@@ -418,6 +449,10 @@ pub struct Session {
     protection: Option<Protection>,
     /// Bytes of a message slot: payload plus overhead when protected.
     slot_len: usize,
+    /// Bytes of one of our send slots ([`Shape::send_len`]).
+    send_len: usize,
+    /// Bytes of one of our receive slots ([`Shape::recv_len`]).
+    recv_len: usize,
     /// Operations posted, and how many of them have completed: the
     /// difference is in flight, each in its own send slot.
     posted: u64,
@@ -581,7 +616,7 @@ impl Session {
 
     /// Largest SEND payload, in bytes.
     pub fn max_len(&self) -> usize {
-        self.config.buffer_size
+        self.config.post_len()
     }
 
     /// Largest WRITE payload, in bytes: the smaller of ours and what one
@@ -594,7 +629,7 @@ impl Session {
                 .min(self.slot_len)
                 .saturating_sub(overhead)
         });
-        self.config.buffer_size.min(remote)
+        self.max_len().min(remote)
     }
 
     /// Slots of the peer's write buffer: WRITEs go to them in turn. The peer
@@ -647,7 +682,7 @@ impl Session {
         while self.in_flight() >= self.config.send_slots {
             self.complete_one().await?;
         }
-        let at = (self.posted % self.config.send_slots as u64) as usize * self.slot_len;
+        let at = (self.posted % self.config.send_slots as u64) as usize * self.send_len;
         let n = match &mut self.protection {
             None => {
                 self.send.write(at, data)?;
@@ -783,7 +818,7 @@ impl Session {
             }
             Err(e) => return Err(e.into()),
         };
-        let bs = self.slot_len;
+        let bs = self.recv_len;
         let slot = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
         if slot >= self.config.recv_slots {
             return Err(VerbsError::UnknownReceive(wc.wr_id).into());
@@ -894,6 +929,8 @@ pub enum Confirm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shape {
     slot_len: usize,
+    send_len: usize,
+    recv_len: usize,
     recv_slots: usize,
     send_slots: usize,
     write_slots: usize,
@@ -908,6 +945,8 @@ impl SessionConfig {
         let (send_slots, write_slots) = self.slots();
         Shape {
             slot_len,
+            send_len: self.slot_for(self.post_len()),
+            recv_len: self.slot_for(self.receive_len()),
             recv_slots,
             send_slots,
             write_slots,
@@ -918,10 +957,23 @@ impl SessionConfig {
 }
 
 impl Shape {
-    /// Bytes of one message slot: the payload, plus the header and tag when protected. A
-    /// [`SharedQueue`] serving such sessions needs slots of at least this size.
+    /// Bytes of one message slot: the payload, plus the header and tag when protected (what
+    /// the peer's write slots are laid out in).
     pub fn slot_len(&self) -> usize {
         self.slot_len
+    }
+
+    /// Bytes of one send slot: a [`Shape::slot_len`], or less for a side that posts only
+    /// smaller payloads ([`SessionConfig::max_post`]).
+    pub fn send_len(&self) -> usize {
+        self.send_len
+    }
+
+    /// Bytes of one receive slot: a [`Shape::slot_len`], or less for a side whose peer SENDs
+    /// only smaller payloads ([`SessionConfig::max_receive`]). A [`SharedQueue`] serving such
+    /// sessions needs slots of at least this size.
+    pub fn recv_len(&self) -> usize {
+        self.recv_len
     }
 }
 
@@ -959,14 +1011,15 @@ impl Resources {
     ) -> Result<Resources, VerbsError> {
         let shape = config.shape();
         let (bs, slots) = (shape.slot_len, shape.recv_slots);
+        let recv_len = shape.recv_len;
         let (send_slots, write_slots) = (shape.send_slots, shape.write_slots);
         let pd = device.alloc_pd()?;
         let depth = u32::try_from(slots * 2).unwrap_or(u32::MAX);
         let send_cq = CompletionQueue::new(device, depth)?;
         let recv_cq = CompletionQueue::new(device, depth)?;
         // Fresh registrations: their bytes are zero, whatever an earlier session put in its own.
-        let send_mr = MemoryRegion::new(&pd, bs * send_slots, MrAccess::Local)?;
-        let recv_mr = MemoryRegion::new(&pd, bs * slots, MrAccess::Local)?;
+        let send_mr = MemoryRegion::new(&pd, shape.send_len * send_slots, MrAccess::Local)?;
+        let recv_mr = MemoryRegion::new(&pd, recv_len * slots, MrAccess::Local)?;
         // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
         // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
         let windows = shape.memory_window
@@ -1004,7 +1057,11 @@ impl Resources {
             _ => None,
         };
         for slot in 0..slots {
-            qp.post_recv(slot as u64, &recv_mr, slot * bs..(slot + 1) * bs)?;
+            qp.post_recv(
+                slot as u64,
+                &recv_mr,
+                slot * recv_len..(slot + 1) * recv_len,
+            )?;
         }
         Ok(Resources {
             window,
@@ -1037,7 +1094,7 @@ impl Resources {
                 "it would grant remote writes with a region's rkey, which every session on the shared protection domain could use (enable memory windows)",
             ));
         }
-        if shape.slot_len > shared.slot_len() {
+        if shape.recv_len > shared.slot_len() {
             return Err(SessionError::SharedQueueUnsuitable(
                 "its messages are larger than the shared queue's slots",
             ));
@@ -1052,7 +1109,7 @@ impl Resources {
         // it is also what the session reserves of the shared send CQ.
         let max_send = (send_slots + 2).max(4);
         // From the queue's arena: a registration per 64 sessions, not one each.
-        let send = shared.send_slots().take(bs * send_slots)?;
+        let send = shared.send_slots().take(shape.send_len * send_slots)?;
         let data_mr = match shape.accept_writes {
             true => Some(MemoryRegion::new(
                 pd,
@@ -1207,7 +1264,7 @@ impl Prepared {
             shape,
             ..
         } = resources;
-        let slot_len = shape.slot_len;
+        let (slot_len, send_len, recv_len) = (shape.slot_len, shape.send_len, shape.recv_len);
         if let Some(address) = config.peer_address {
             // RoCEv2 traffic comes from the GID's address: a peer announcing another host's GID
             // would have us send to (and accept packets from) somebody else.
@@ -1267,6 +1324,8 @@ impl Prepared {
                 remote_buffer: remote.buffer,
                 protection,
                 slot_len,
+                send_len,
+                recv_len,
                 posted: 0,
                 completed: 0,
                 recv_posted,

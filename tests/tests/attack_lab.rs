@@ -855,9 +855,17 @@ fn forged_ack_hex() -> String {
 /// send, then injects a forged acknowledgement at that flow's next PSN. Returns the session,
 /// what rdma-inject did and the client's first (genuine) acknowledgement.
 fn forged_ack_attack(port: u16, flags: Flags<'_>) -> (Session, InjectReport, String) {
+    forged_send_to_client(port, flags, &forged_ack_hex())
+}
+
+/// [`forged_ack_attack`] with `record` (hex) as the forged SEND's payload.
+fn forged_send_to_client(
+    port: u16,
+    flags: Flags<'_>,
+    record: &str,
+) -> (Session, InjectReport, String) {
     let mut session = Session::start(port, flags);
-    let record = forged_ack_hex();
-    let injector = Injector::observe(SERVER_LINK, ADDR_B, &["--send-hex", &record]);
+    let injector = Injector::observe(SERVER_LINK, ADDR_B, &["--send-hex", record]);
     let first = session.victim.op("send first genuine send");
     let report = injector.finish();
     // rdma-inject aimed at the client's QP, in the server → client direction.
@@ -998,6 +1006,63 @@ fn protected_forged_acknowledgement_fails_authentication_and_the_client_resumes_
         ]
     );
     // Every command's fate is known: exit 0.
+    let status = s.victim.quit_status();
+    assert_eq!(status.code(), Some(0), "{status}");
+}
+
+/// A client's receive slots hold what a server SENDs (its token and its sealed 46-byte
+/// acknowledgements), not its buffer size. A SEND larger than that, forged at the PSN of the
+/// server's next acknowledgement, fails the client's receive with a local length error: the
+/// client says so, resumes its stream on a new session, and every send arrives exactly once and
+/// is acknowledged once, with what the server really received. (With slots of the buffer's
+/// size, the same forgery landed whole and failed its tag.)
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_send_larger_than_an_acknowledgement_ends_the_client_s_session_and_its_stream_resumes_once() {
+    let flags = Flags {
+        server: PROTECTED.server,
+        client: &["--reconnect-attempts", "20", "--rdma-acks"],
+    };
+    // 200 bytes: past a sealed acknowledgement (46), well within the client's 4 KiB buffer.
+    let oversized = "a5".repeat(200);
+    let (mut s, _report, first) = forged_send_to_client(4578, flags, &oversized);
+    assert_eq!(first, "server acknowledged send #1: 18 bytes");
+    s.victim.command("send second genuine send");
+    s.victim.err.wait_for("the client noticing", 1, STEP, |l| {
+        l.contains("session lost") && l.contains("local length error")
+    });
+    s.victim
+        .wait_out("reconnected", |l| l.starts_with("reconnected to "), 1);
+    s.victim.wait_out(
+        "the second acknowledgement",
+        |l| l.starts_with("server acknowledged"),
+        2,
+    );
+    let third = s.victim.op("send third genuine send");
+    assert_eq!(third, "server acknowledged send #3: 18 bytes");
+    let delivered: Vec<String> = s
+        .delivered("SEND received")
+        .into_iter()
+        .map(|d| d.2)
+        .collect();
+    let acks = s.victim.acks();
+    eprintln!("oversized SEND to the client: acks {acks:?}; server got {delivered:?}");
+    assert_eq!(
+        acks,
+        [
+            "server acknowledged send #1: 18 bytes",
+            "server acknowledged send #2: 19 bytes",
+            "server acknowledged send #3: 18 bytes",
+        ]
+    );
+    assert_eq!(
+        delivered,
+        [
+            "first genuine send",
+            "second genuine send",
+            "third genuine send"
+        ]
+    );
     let status = s.victim.quit_status();
     assert_eq!(status.code(), Some(0), "{status}");
 }

@@ -884,18 +884,7 @@ impl Connector {
             .ip();
         let admission = admission_started.elapsed();
         let (device, sgid) = self.device(local).map_err(ClientError::Device)?;
-        let session_cfg = SessionConfig {
-            buffer_size,
-            timeout: cfg.timeout,
-            protected: protection.is_some(),
-            // The server never writes into a client: no client memory is remotely accessible.
-            accept_writes: false,
-            peer_address: (!cfg.allow_gid_mismatch).then_some(server_ip),
-            // A slot per operation in flight, and a receive slot for each acknowledgement.
-            send_slots: window.unwrap_or(1),
-            recv_slots: SessionConfig::default().recv_slots.max(window.unwrap_or(0)),
-            ..SessionConfig::default()
-        };
+        let session_cfg = session_config(cfg, buffer_size, window, protection.is_some(), server_ip);
         let secrets = Secrets { tokens, protection };
         let (prepared, path) = self
             .inner
@@ -966,10 +955,53 @@ fn pick_device(
     }
 }
 
+/// The resources of a client's session: a send slot per operation in flight (`window`) of
+/// the buffer's size, and receive slots for what the server SENDs, its token and
+/// acknowledgements, and no larger: sixteen slots of the buffer's size were 64 KiB of every
+/// session and lane (at the default 4 KiB) holding 46-byte records.
+fn session_config(
+    cfg: &ClientConfig,
+    buffer_size: usize,
+    window: Option<usize>,
+    protected: bool,
+    server_ip: std::net::IpAddr,
+) -> SessionConfig {
+    SessionConfig {
+        buffer_size,
+        timeout: cfg.timeout,
+        protected,
+        // The server never writes into a client: no client memory is remotely accessible.
+        accept_writes: false,
+        peer_address: (!cfg.allow_gid_mismatch).then_some(server_ip),
+        // A slot per operation in flight, and a receive slot for each acknowledgement.
+        send_slots: window.unwrap_or(1),
+        recv_slots: SessionConfig::default().recv_slots.max(window.unwrap_or(0)),
+        max_receive: Some(crate::datapath::Ack::WIRE_LEN),
+        ..SessionConfig::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::datapath::AbortReason;
+
+    #[test]
+    fn a_client_session_s_receive_slots_hold_the_server_s_acknowledgements_not_its_buffer() {
+        let cfg = ClientConfig::new("10.77.0.1");
+        let server = "10.77.0.1".parse().unwrap();
+        let sealed_ack = crate::datapath::Ack::WIRE_LEN + crate::protect::OVERHEAD;
+        for window in [None, Some(16)] {
+            let shape = session_config(&cfg, 1 << 20, window, true, server).shape();
+            assert_eq!(shape.recv_len(), sealed_ack, "window {window:?}");
+            // What the client sends and WRITEs still fits whole.
+            assert_eq!(shape.send_len(), (1 << 20) + crate::protect::OVERHEAD);
+            assert_eq!(shape.slot_len(), (1 << 20) + crate::protect::OVERHEAD);
+        }
+        // In clear an acknowledgement is 14 bytes, but the first message is the 32-byte token.
+        let clear = session_config(&cfg, 4096, None, false, server).shape();
+        assert_eq!(clear.recv_len(), crate::tls::TOKEN_LEN);
+    }
 
     #[test]
     fn backoff_grows_exponentially_with_jitter_and_stays_bounded() {

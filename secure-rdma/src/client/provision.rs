@@ -53,7 +53,7 @@ impl Provision {
         if self.shared_slots == 0 {
             return None;
         }
-        let slot_len = config.shape().slot_len();
+        let slot_len = config.shape().recv_len();
         let mut queues = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         let queue = match queues.get(device.name()) {
             Some(q) => Arc::clone(q),

@@ -377,17 +377,7 @@ pub(super) async fn admit(
             .capabilities
             .iter()
             .any(|c| c == crate::lanes::LANE_CLOSED);
-    let session_cfg = SessionConfig {
-        buffer_size: cfg.buffer_size,
-        recv_slots: RDMA_WINDOW,
-        send_slots: rdma_window.unwrap_or(1),
-        write_slots: rdma_window.unwrap_or(1),
-        protected: cipher.is_some(),
-        accept_writes: true,
-        memory_window: cfg.memory_windows,
-        peer_address: (!cfg.allow_gid_mismatch).then_some(peer_ip),
-        ..SessionConfig::default()
-    };
+    let session_cfg = session_config(cfg, rdma_window, cipher.is_some(), peer_ip);
     // Quotas are checked for everything the session will make, before any of
     // it reaches the kernel; the counts stay held until the session is gone.
     let quota = match &cfg.quotas {
@@ -525,6 +515,30 @@ where
     Outcome::Rejected
 }
 
+/// The resources of a server's session: receive slots for the client's window, a write slot
+/// per WRITE it may have in flight (`rdma_window`), and send slots that hold what the server
+/// posts, its acknowledgements, and no more: a slot of the client's buffer size per operation
+/// in flight was 4 KiB to 64 KiB of every session's memory holding 46-byte records.
+fn session_config(
+    cfg: &super::ServerConfig,
+    rdma_window: Option<usize>,
+    protected: bool,
+    peer_ip: IpAddr,
+) -> SessionConfig {
+    SessionConfig {
+        buffer_size: cfg.buffer_size,
+        recv_slots: RDMA_WINDOW,
+        send_slots: rdma_window.unwrap_or(1),
+        write_slots: rdma_window.unwrap_or(1),
+        protected,
+        accept_writes: true,
+        memory_window: cfg.memory_windows,
+        peer_address: (!cfg.allow_gid_mismatch).then_some(peer_ip),
+        max_post: Some(crate::datapath::Ack::WIRE_LEN),
+        ..SessionConfig::default()
+    }
+}
+
 /// The rotation policy of a session: the server's, when payloads are protected and the client
 /// lists [`KEY_ROTATION`]; never otherwise (no keys, or a client of an earlier release, which
 /// would fail the first message of a new epoch at its tag).
@@ -537,7 +551,7 @@ fn session_rekey(protected: bool, capabilities: &[String], server: RekeyPolicy) 
 }
 
 #[cfg(test)]
-mod rekey_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -551,5 +565,24 @@ mod rekey_tests {
         assert_eq!(session_rekey(true, &new, policy), policy);
         assert!(session_rekey(true, &earlier, policy).is_off());
         assert!(session_rekey(false, &new, policy).is_off());
+    }
+    #[test]
+    fn a_server_session_s_send_slots_hold_its_acknowledgements_not_the_client_s_buffer() {
+        let cfg = crate::server::ServerConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            std::path::Path::new("certs"),
+        )
+        .with_buffer_size(64 * 1024);
+        let peer = "10.77.0.2".parse().unwrap();
+        for window in [None, Some(RDMA_WINDOW)] {
+            let shape = session_config(&cfg, window, true, peer).shape();
+            let sealed_ack = crate::datapath::Ack::WIRE_LEN + crate::protect::OVERHEAD;
+            assert_eq!(shape.send_len(), sealed_ack, "window {window:?}");
+            // What the client sends and WRITEs still fits whole.
+            assert_eq!(shape.slot_len(), 64 * 1024 + crate::protect::OVERHEAD);
+        }
+        let clear = session_config(&cfg, None, false, peer).shape();
+        // In clear an acknowledgement is 14 bytes, but the slot carries the 32-byte token first.
+        assert_eq!(clear.send_len(), crate::tls::TOKEN_LEN);
     }
 }

@@ -139,7 +139,7 @@ impl Shared {
                 None => crate::shared_queue::SharedQueue::counted(
                     device,
                     self.config.shared_receive_queue,
-                    config.shape().slot_len(),
+                    config.shape().recv_len(),
                     self.metrics.shared_queue_counters(),
                 )
                 .inspect(|q| {
