@@ -566,6 +566,7 @@ mod tests {
         assert!(session_rekey(true, &earlier, policy).is_off());
         assert!(session_rekey(false, &new, policy).is_off());
     }
+
     #[test]
     fn a_server_session_s_send_slots_hold_its_acknowledgements_not_the_client_s_buffer() {
         let cfg = crate::server::ServerConfig::new(
