@@ -201,7 +201,9 @@ def main() -> int:
     # measured) one shared receive queue.
     holds = [(op, label, {k[4]: statistics.median(v) for k, v in values.items() if k[1] == op})
              for op, label in [("hold", "a receive queue per session"),
-                               ("hold-shared", "one shared receive queue (`--shared-receive-queue 1024`)")]]
+                               ("hold-shared", "one shared receive queue (`--shared-receive-queue 1024`)"),
+                               ("hold-shared-at-setup", "the shared queue, each session's write region "
+                                                        "made with it (`--writes-at-setup`)")]]
     holds = [(op, label, h) for op, label, h in holds if h]
     hold = holds[0][2] if holds else {}
     if holds:

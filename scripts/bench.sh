@@ -34,7 +34,8 @@
 # end to end against that, so the part of protection that is not cryptography shows.
 #
 # Usage: scripts/bench.sh [--rounds N] [--hold N] [--quick] [--setup-only] [--hold-only]
-#                         [--hold-queues per-session|shared|both] [--cpu MODEL] [--out DIR]
+#                         [--hold-queues per-session|shared|both]
+#                         [--hold-writes on-demand|at-setup|both] [--cpu MODEL] [--out DIR]
 #   --quick       1 round, small counts, no hold: a smoke test of the script (minutes)
 #   --setup-only  the connection setup rows only (cmtime, a new connection, an extra lane,
 #                 the warm path), no hold
@@ -44,6 +45,10 @@
 #                 (both ends on shared queues), or both (the default). Past about 30,000
 #                 sessions only the shared one fits: `--hold-only --hold 50000 --hold-queues
 #                 shared` is issue 22's hold
+#   --hold-writes  when the shared hold's server makes each session's write region: when its
+#                 client first asks (on-demand, the default: the held sessions only SEND, so
+#                 they hold none), with the session (at-setup: --writes-at-setup), or both, one
+#                 after the other in the same VM boot, to measure what an idle region costs
 #   --cpu MODEL   the VM's qemu CPU model (default Nehalem: no AES-NI, so sessions use
 #                 ChaCha20-Poly1305; Westmere adds AES-NI and PCLMULQDQ, so AES-256-GCM);
 #                 compare the two runs through their ratios to the perftest rows of each
@@ -60,7 +65,7 @@
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ROUNDS=3 HOLD=1000 QUICK=0 SETUP_ONLY=0 HOLD_ONLY=0 HOLD_QUEUES=both OUT=
+ROUNDS=3 HOLD=1000 QUICK=0 SETUP_ONLY=0 HOLD_ONLY=0 HOLD_QUEUES=both HOLD_WRITES=on-demand OUT=
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift 2 ;;
@@ -75,6 +80,10 @@ while [ $# -gt 0 ]; do
                            echo "bench.sh: --hold-queues needs per-session, shared or both" >&2; exit 2
                        fi
                        HOLD_QUEUES=$2; shift 2 ;;
+        --hold-writes) if [ $# -lt 2 ] || ! [[ $2 =~ ^(on-demand|at-setup|both)$ ]]; then
+                           echo "bench.sh: --hold-writes needs on-demand, at-setup or both" >&2; exit 2
+                       fi
+                       HOLD_WRITES=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --cpu) if [ $# -lt 2 ] || ! [[ $2 =~ ^[A-Za-z0-9_.-]+$ ]]; then
                    echo "bench.sh: --cpu needs a qemu CPU model name (Nehalem, Westmere, ...)" >&2; exit 2
@@ -133,7 +142,7 @@ fi
 cat >"$WORK/inside.sh" <<'INNER'
 set -euo pipefail
 # Variables come from the environment: BIN DEV WORK ROUNDS HOLD CONNS PROCS SIZES SETUP_ONLY
-# HOLD_ONLY HOLD_QUEUES
+# HOLD_ONLY HOLD_QUEUES HOLD_WRITES
 RAW=$WORK/raw.csv
 echo "round,tool,op,size,protection,metric,value,unit" >"$RAW"
 row() { echo "$1,$2,$3,$4,$5,$6,$7,$8" >>"$RAW"; }
@@ -383,18 +392,28 @@ kill -INT $HS; wait $HS || true
 # (its 1,024 receives made once, 4 MiB for all the sessions) and complete their sends on shared
 # CQs, from a client that holds its sessions on a shared queue of its own too (no CQ per
 # session on either end: rxe allows about 32,000 CQs per device).
-if [ "$HOLD" -gt 0 ] && [ "$HOLD_QUEUES" != per-session ]; then
-    "$BIN/secure-server" --listen 10.77.0.1:4804 --certs "$WORK/pki" --max-clients "$MAX" \
+# With HOLD_WRITES=both, once more on a server that makes each session's write region with the
+# session (--writes-at-setup), as every session had before they were made on demand.
+# shared_hold OP PORT [SERVER_FLAG...]
+shared_hold() {
+    local op=$1 port=$2
+    "$BIN/secure-server" --listen 10.77.0.1:"$port" --certs "$WORK/pki" --max-clients "$MAX" \
         --max-pending 64 --max-pending-per-address 16 --idle-timeout 3600 \
-        --shared-receive-queue 1024 \
-        >"$WORK/hold-shared-server.log" 2>&1 &
+        --shared-receive-queue 1024 "${@:3}" \
+        >"$WORK/$op-server.log" 2>&1 &
     HSS=$!
-    listening 4804
+    listening "$port"
     # Source ports chosen by the client: past about 32,000 connections from one address,
     # Linux's connect() walks every port it gave out on each new one (README, "Past 32,000 from
     # one client address").
-    hold hold-shared 4804 $HSS --shared-receive-queue 1024 --source-ports 10000-65535
+    hold "$op" "$port" $HSS --shared-receive-queue 1024 --source-ports 10000-65535
     kill -INT $HSS; wait $HSS || true
+}
+if [ "$HOLD" -gt 0 ] && [ "$HOLD_QUEUES" != per-session ]; then
+    if [ "$HOLD_WRITES" != at-setup ]; then shared_hold hold-shared 4804; fi
+    if [ "$HOLD_WRITES" != on-demand ]; then
+        shared_hold hold-shared-at-setup 4805 --writes-at-setup
+    fi
 fi
 INNER
 
@@ -405,7 +424,7 @@ echo "bench.sh: $ROUNDS round(s) in the VM" >&2
 PER_HOLD=400; [ "$HOLD_QUEUES" = shared ] && PER_HOLD=200
 VM_MEM=${VM_MEM:-$(( 2048 + HOLD * PER_HOLD / 1024 ))M} VM_TIMEOUT=${VM_TIMEOUT:-3600} \
     bash "$ROOT/scripts/softroce-vm.sh" \
-    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD SETUP_ONLY=$SETUP_ONLY HOLD_ONLY=$HOLD_ONLY HOLD_QUEUES=$HOLD_QUEUES CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
+    "env BIN=$BIN DEV=$DEV WORK=$WORK ROUNDS=$ROUNDS HOLD=$HOLD SETUP_ONLY=$SETUP_ONLY HOLD_ONLY=$HOLD_ONLY HOLD_QUEUES=$HOLD_QUEUES HOLD_WRITES=$HOLD_WRITES CONNS=$CONNS PROCS=$PROCS SIZES='$SIZES' bash $WORK/inside.sh"
 cp "$WORK/raw.csv" "$OUT/raw.csv"
 python3 "$ROOT/scripts/bench-report.py" "$OUT/raw.csv" "$OUT"
 echo "bench.sh: $OUT/raw.csv, $OUT/table.md, $OUT/plot.svg" >&2

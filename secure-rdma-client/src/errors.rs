@@ -15,7 +15,10 @@ pub fn exit_code(e: &ClientError) -> i32 {
         // The server ended the session over this client's certificate (revoked or expired):
         // a certificate problem, as a TLS refusal is.
         e if e.certificate_ended().is_some() => 4,
-        ClientError::Rejected(_) | ClientError::LaneRejected { .. } | ClientError::NoLanes => 3,
+        ClientError::Rejected(_)
+        | ClientError::LaneRejected { .. }
+        | ClientError::WriteRejected(_)
+        | ClientError::NoLanes => 3,
         ClientError::Tls(_)
         | ClientError::TlsIo(_)
         | ClientError::TlsTimeout(_)

@@ -57,8 +57,8 @@ use prompt::{InputError, Prompt};
 /// is reported on stderr.
 ///
 /// Exit codes: 0 ok, 1 bad command or other error, 2 usage, 3 rejected by the
-/// server (e.g. server full, a lane beyond the identity's cap; or the server has no RDMA device, with the fix it
-/// names), 4 TLS refused (certificate or server name; also a session the server
+/// server (e.g. server full, a lane beyond the identity's cap, a write region its quota
+/// refuses; or the server has no RDMA device, with the fix it names), 4 TLS refused (certificate or server name; also a session the server
 /// ended because this client's certificate was revoked or expired: not retried),
 /// 5 server unreachable, 6 no usable RDMA device or GID, 7 RDMA connection
 /// not confirmed (PSN/GID mismatch), 8 protocol or RDMA error (or the session
@@ -413,7 +413,17 @@ async fn run(cli: Cli) -> i32 {
                 continue;
             }
             Cmd::Send(msg) => client.send(msg.as_bytes()).await,
-            Cmd::Write(data) => client.write(data.as_bytes()).await,
+            Cmd::Write(data) => match client.write(data.as_bytes()).await {
+                // Nothing was written, and the session goes on: its SENDs still work. The exit
+                // status says a write was refused.
+                Err(e @ ClientError::WriteRejected(_)) => {
+                    eprintln!("secure-client: {}", Shown(&e));
+                    status = exit_code(&e);
+                    let _ = stdout.flush().await;
+                    continue;
+                }
+                other => other,
+            },
         };
         match result {
             Ok(ack) if ack.status == AckStatus::Refused => {

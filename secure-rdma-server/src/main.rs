@@ -133,6 +133,14 @@ struct Opts {
     #[arg(long)]
     #[serde(default)]
     no_memory_windows: bool,
+    /// Register each session's write region, and bind its window, with the session, instead
+    /// of when its client first asks for it before its first RDMA WRITE (the default, for
+    /// clients that ask: an idle or SEND-only session then holds no memory its peer can
+    /// write, and no registration). For comparison, and for clients of earlier releases,
+    /// which get the region with the session either way
+    #[arg(long)]
+    #[serde(default)]
+    writes_at_setup: bool,
     /// How sessions wait for RDMA completions; busy costs a core per active session (for
     /// dedicated hosts and benchmarks) [default: event]
     #[arg(long, value_name = "MODE", value_parser = EnumValueParser::<PollMode>::new().map(Poll::from))]
@@ -247,7 +255,7 @@ struct Opts {
     /// Sessions the median setup of --setup-slow-factor is taken over [default: 20]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     setup_slow_window: Option<u32>,
-    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-lanes-per-identity, warm-pool, shared-receive-queue, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, setup-slow-factor, setup-slow-window, identity, trust-domain, ca, cert, key, crl)
+    /// TOML file with the same keys as the flags (listen, port, max-clients, device, gid-index, buffer-size, certs, idle-timeout, quota, limit, telemetry, telemetry-interval, metrics, cipher, no-payload-protection, allow-unprotected, allow-gid-mismatch, no-memory-windows, writes-at-setup, poll, max-pending, max-pending-per-address, max-pending-per-prefix, pending-prefix-v4, pending-prefix-v6, handshake-timeout, write-timeout, max-sessions-per-identity, max-lanes-per-identity, warm-pool, shared-receive-queue, max-session-lifetime, resume-window, rekey-after, rekey-after-bytes, rekey-after-seconds, setup-slow-factor, setup-slow-window, identity, trust-domain, ca, cert, key, crl)
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -637,6 +645,7 @@ async fn serve(flags: Opts) -> Result<()> {
         .with_protection(protection)
         .with_allow_gid_mismatch(allow_gid_mismatch)
         .with_memory_windows(!(flags.no_memory_windows || file.no_memory_windows))
+        .with_writes_on_demand(!(flags.writes_at_setup || file.writes_at_setup))
         .with_max_lanes_per_identity(
             flags
                 .max_lanes_per_identity

@@ -21,6 +21,10 @@
 //! 7. at any time in step 6, with [`LANES`](crate::lanes::LANES) agreed: one more QP on the same
 //!    TLS connection ([`Message::LaneOpen`], answered [`Message::LaneAccept`] or
 //!    [`Message::LaneReject`]; see [`crate::lanes`]).
+//! 8. with [`WRITE_ON_DEMAND`] agreed, before the client's first RDMA WRITE on the session's
+//!    first QP: [`Message::WriteOpen`], answered [`Message::WriteGrant`] (the write region,
+//!    registered and bound only now) or [`Message::WriteReject`]. Until then the server's
+//!    endpoint carries no buffer: an idle session holds no memory its peer can write.
 //!
 //! This module is the setup: the framing, the one JSON enum of the control
 //! channel ([`Message`], whose step-6 variants carry the records of
@@ -129,19 +133,26 @@ impl Endpoint {
                 reason: format!("{} is a reserved QP", self.qpn),
             });
         }
-        if let Some(buffer) = self.buffer {
-            if buffer.len == 0 || buffer.addr.checked_add(buffer.len).is_none() {
-                return Err(HandshakeError::Invalid {
-                    field: "buffer",
-                    reason: format!(
-                        "{} bytes at {:#x} is not a valid region",
-                        buffer.len, buffer.addr
-                    ),
-                });
-            }
+        match &self.buffer {
+            Some(buffer) => check_buffer(buffer),
+            None => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// Checks a write region the peer announced (in its endpoint, or granted later): not empty,
+/// and not past the end of the address space.
+pub fn check_buffer(buffer: &RemoteBuffer) -> Result<(), HandshakeError> {
+    if buffer.len == 0 || buffer.addr.checked_add(buffer.len).is_none() {
+        return Err(HandshakeError::Invalid {
+            field: "buffer",
+            reason: format!(
+                "{} bytes at {:#x} is not a valid region",
+                buffer.len, buffer.addr
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Version of this protocol; a peer with another version is rejected.
@@ -251,12 +262,13 @@ impl From<AckRecord> for Ack {
 }
 
 /// Capabilities this implementation offers in its hello.
-pub const CAPABILITIES: [&str; 5] = [
+pub const CAPABILITIES: [&str; 6] = [
     "send",
     "write-with-imm",
     "confirm-token",
     "payload-protection",
     KEY_ROTATION,
+    WRITE_ON_DEMAND,
 ];
 
 /// The capability of a client that follows and applies key rotation: the
@@ -270,6 +282,14 @@ pub const KEY_ROTATION: &str = "key-rotation";
 /// answers with [`Verdict::Accepted::rdma_window`], the operations the client
 /// may have unacknowledged at once (its receive slots and write slots).
 pub const RDMA_ACKS: &str = "rdma-acks";
+
+/// The capability of a client that asks for the server's write region when it first WRITEs
+/// ([`Message::WriteOpen`]) instead of receiving it in the server's endpoint. A server that
+/// agrees says so in its accept ([`Verdict::Accepted::writes_on_demand`]) and registers no
+/// write region, and binds no memory window, until asked: a held session that never WRITEs
+/// costs neither, and exposes no memory to its peer. The session's first QP only: a lane
+/// ([`crate::lanes`]) is opened to carry traffic, and gets its region with its endpoint.
+pub const WRITE_ON_DEMAND: &str = "write-on-demand";
 
 /// Why the server refused a client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -408,6 +428,11 @@ pub enum Message {
         /// asked for).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lanes: Option<u32>,
+        /// When the client listed [`WRITE_ON_DEMAND`] and the server agrees: its endpoint
+        /// carries no write region, which the client asks for before its first WRITE
+        /// ([`Message::WriteOpen`]). Absent: the region comes with the endpoint.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        writes_on_demand: bool,
     },
     /// The server refuses the client.
     Reject {
@@ -484,6 +509,21 @@ pub enum Message {
         /// Why.
         reason: AbortReason,
     },
+    /// The client asks for the write region of the session's first QP, before its first
+    /// RDMA WRITE ([`WRITE_ON_DEMAND`]).
+    WriteOpen,
+    /// The server registered the write region and bound its window to the session's first
+    /// QP: the client's WRITEs may go to `buffer` from now on.
+    WriteGrant {
+        /// Where the client WRITEs, as an endpoint's buffer says it.
+        buffer: RemoteBuffer,
+    },
+    /// The server refuses the write region (a quota, the device); the session goes on, with
+    /// SENDs only.
+    WriteReject {
+        /// Why.
+        reason: RejectReason,
+    },
 }
 
 /// The kind of a [`Message`], without its fields: what a step expects and what came.
@@ -515,6 +555,12 @@ pub enum Kind {
     LaneReject,
     /// [`Message::LaneClosed`].
     LaneClosed,
+    /// [`Message::WriteOpen`].
+    WriteOpen,
+    /// [`Message::WriteGrant`].
+    WriteGrant,
+    /// [`Message::WriteReject`].
+    WriteReject,
 }
 
 impl Kind {
@@ -534,6 +580,9 @@ impl Kind {
             Kind::LaneAccept => "lane_accept",
             Kind::LaneReject => "lane_reject",
             Kind::LaneClosed => "lane_closed",
+            Kind::WriteOpen => "write_open",
+            Kind::WriteGrant => "write_grant",
+            Kind::WriteReject => "write_reject",
         }
     }
 }
@@ -561,6 +610,9 @@ impl Message {
             Message::LaneAccept { .. } => Kind::LaneAccept,
             Message::LaneReject { .. } => Kind::LaneReject,
             Message::LaneClosed { .. } => Kind::LaneClosed,
+            Message::WriteOpen => Kind::WriteOpen,
+            Message::WriteGrant { .. } => Kind::WriteGrant,
+            Message::WriteReject { .. } => Kind::WriteReject,
         }
     }
 }
@@ -599,6 +651,9 @@ pub enum Verdict {
         rekey: Option<RekeyPolicy>,
         /// The most lanes the identity may hold, when the server offers lanes; `None`: one.
         lanes: Option<u32>,
+        /// The server grants its write region when the client first asks
+        /// ([`WRITE_ON_DEMAND`]); `false`: it comes with the server's endpoint.
+        writes_on_demand: bool,
     },
     /// Refused, with the reason.
     Rejected(RejectReason),
@@ -685,6 +740,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 resume,
                 rekey,
                 lanes,
+                writes_on_demand,
             } => Ok(Verdict::Accepted {
                 buffer_size,
                 identity,
@@ -693,6 +749,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 resume,
                 rekey,
                 lanes,
+                writes_on_demand,
             }),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
@@ -966,6 +1023,23 @@ mod tests {
             (Message::Ready, Kind::Ready),
             (Message::Confirmed, Kind::Confirmed),
             (Message::Bye, Kind::Bye),
+            (Message::WriteOpen, Kind::WriteOpen),
+            (
+                Message::WriteGrant {
+                    buffer: RemoteBuffer {
+                        addr: 0,
+                        rkey: 1,
+                        len: 1,
+                    },
+                },
+                Kind::WriteGrant,
+            ),
+            (
+                Message::WriteReject {
+                    reason: RejectReason::ShuttingDown,
+                },
+                Kind::WriteReject,
+            ),
         ] {
             assert_eq!(msg.kind(), kind);
             let json = serde_json::to_value(&msg).unwrap();
@@ -983,6 +1057,7 @@ mod tests {
             resume: Resume::New,
             rekey: None,
             lanes: None,
+            writes_on_demand: false,
         })
         .unwrap();
         assert_eq!(
@@ -1009,6 +1084,7 @@ mod tests {
             resume: Resume::New,
             rekey: Some(policy),
             lanes: None,
+            writes_on_demand: false,
         };
         let json = serde_json::to_string(&accept).unwrap();
         assert!(

@@ -41,6 +41,7 @@ use crate::datapath::StreamId;
 use crate::handshake::{
     unexpected, Channel, Endpoint, HandshakeError, Kind, Message, RejectReason, Resume, StreamHello,
 };
+use crate::verbs::RemoteBuffer;
 
 /// The capability of a client that opens lanes ([`Message::LaneOpen`]). A server of an
 /// earlier release ignores it and announces no `lanes` in its accept: the client then keeps
@@ -182,6 +183,9 @@ pub enum SessionRequest {
     Bye,
     /// The client asks for one more lane.
     LaneOpen(LaneRequest),
+    /// The client asks for the write region of the session's first QP
+    /// ([`crate::handshake::WRITE_ON_DEMAND`]).
+    WriteOpen,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
@@ -205,7 +209,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 request.validate()?;
                 Ok(SessionRequest::LaneOpen(request))
             }
+            Message::WriteOpen => Ok(SessionRequest::WriteOpen),
             other => Err(unexpected(Kind::Bye, &other)),
+        }
+    }
+
+    /// Receives the server's answer to [`Message::WriteOpen`] (client side): the region
+    /// granted (checked with [`crate::handshake::check_buffer`]) or the reason it was refused.
+    /// A lane the server closed meanwhile is remembered in `closed`; the session's end (a bye,
+    /// an abort with its reason) is an error, as in [`Channel::expect_lane_answer`].
+    pub async fn expect_write_answer(
+        &mut self,
+        closed: &mut ClosedLanes,
+    ) -> Result<Result<RemoteBuffer, RejectReason>, HandshakeError> {
+        loop {
+            match self.recv::<Message>().await? {
+                Message::LaneClosed { lane, reason } => closed.record(lane, reason),
+                Message::WriteGrant { buffer } => {
+                    crate::handshake::check_buffer(&buffer)?;
+                    return Ok(Ok(buffer));
+                }
+                Message::WriteReject { reason } => return Ok(Err(reason)),
+                Message::Abort { reason } => return Err(HandshakeError::Aborted(reason)),
+                other => return Err(unexpected(Kind::WriteGrant, &other)),
+            }
         }
     }
 
@@ -345,6 +372,92 @@ mod tests {
             serde_json::to_string(&Message::LaneReject { lane: 3, reason }).unwrap(),
             r#"{"type":"lane_reject","lane":3,"reason":{"kind":"lane_limit","identity":"alice","active":4,"max":4}}"#
         );
+    }
+
+    #[tokio::test]
+    async fn the_write_region_is_asked_for_and_granted_or_refused_by_name() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (mut client, mut server) = (Channel::new(a), Channel::new(b));
+        client.send(&Message::WriteOpen).await.unwrap();
+        assert_eq!(
+            server.expect_session_request().await.unwrap(),
+            SessionRequest::WriteOpen
+        );
+        assert_eq!(
+            serde_json::to_string(&Message::WriteOpen).unwrap(),
+            r#"{"type":"write_open"}"#
+        );
+        // Granted, with a lane the server closed meanwhile remembered on the way.
+        let buffer = RemoteBuffer {
+            addr: 0,
+            rkey: 0x1234,
+            len: 4128,
+        };
+        server
+            .send(&Message::LaneClosed {
+                lane: 2,
+                reason: "forged".into(),
+            })
+            .await
+            .unwrap();
+        server.send(&Message::WriteGrant { buffer }).await.unwrap();
+        let mut closed = ClosedLanes::default();
+        assert_eq!(
+            client.expect_write_answer(&mut closed).await.unwrap(),
+            Ok(buffer)
+        );
+        assert_eq!(closed.reason(2).as_deref(), Some("forged"));
+        assert_eq!(
+            serde_json::to_string(&Message::WriteGrant { buffer }).unwrap(),
+            r#"{"type":"write_grant","buffer":{"addr":0,"rkey":4660,"len":4128}}"#
+        );
+        // Refused, with the reason the client shows.
+        let reason = RejectReason::Quota {
+            detail: "MR_COUNT limit 2 reached for tenant alice (2 live)".into(),
+        };
+        server
+            .send(&Message::WriteReject {
+                reason: reason.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            client.expect_write_answer(&mut closed).await.unwrap(),
+            Err(reason)
+        );
+        // A region that cannot be one is refused by the client itself, and anything but an
+        // answer is a protocol error that names what was expected.
+        server
+            .send(&Message::WriteGrant {
+                buffer: RemoteBuffer { len: 0, ..buffer },
+            })
+            .await
+            .unwrap();
+        assert!(matches!(
+            client.expect_write_answer(&mut closed).await,
+            Err(HandshakeError::Invalid {
+                field: "buffer",
+                ..
+            })
+        ));
+        server.send(&Message::Ready).await.unwrap();
+        let err = client.expect_write_answer(&mut closed).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "protocol error: expected write_grant, got ready"
+        );
+        // An accept of an earlier release grants the region with the endpoint.
+        let old: Message = serde_json::from_str(
+            r#"{"type":"accept","buffer_size":64,"identity":"a","cipher":"aes-256-gcm"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            old,
+            Message::Accept {
+                writes_on_demand: false,
+                ..
+            }
+        ));
     }
 
     #[tokio::test]
@@ -573,6 +686,7 @@ mod tests {
             resume: crate::handshake::Resume::New,
             rekey: None,
             lanes: Some(8),
+            writes_on_demand: false,
         })
         .unwrap();
         assert!(

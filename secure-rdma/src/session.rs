@@ -69,6 +69,16 @@ async fn next_sent_ok(
     succeeded(next_sent(send_cq, receive, what, timeout).await?)
 }
 
+/// Whether `device` binds type 2 memory windows; a warning when it does not, since the peer then
+/// gets the write region's own rkey.
+fn has_windows(device: &Device) -> bool {
+    let has = device.has_type2_windows();
+    if !has {
+        tracing::warn!(device = %device.name(), "no type 2 memory windows on this device; the peer gets the write region's own rkey");
+    }
+    has
+}
+
 /// `wc`, or its error status as [`VerbsError::WorkCompletion`].
 fn succeeded(wc: Completion) -> Result<Completion, SessionError> {
     if !wc.status.is_success() {
@@ -80,6 +90,19 @@ fn succeeded(wc: Completion) -> Result<Completion, SessionError> {
         .into());
     }
     Ok(wc)
+}
+
+/// Why [`Session::open_writes`] gave no write region.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenWritesError {
+    /// Nothing was made (the session accepts no writes, or its region or window could not be
+    /// made): the session goes on as it was, without writes.
+    #[error("no write region: {0}")]
+    Refused(#[source] SessionError),
+    /// What was in flight, or the window's bind, failed on the QP: the session cannot go on.
+    #[error("binding the write region's window failed: {0}")]
+    Lost(#[source] SessionError),
 }
 
 /// Errors of session setup and use.
@@ -214,6 +237,12 @@ pub struct SessionConfig {
     /// the peer then fails its receive (a local length error) and ends the session. `None`:
     /// `buffer_size`.
     pub max_receive: Option<usize>,
+    /// With `accept_writes`: the write region (and its memory window) is made only when the
+    /// peer asks for it ([`Session::open_writes`], [`crate::handshake::WRITE_ON_DEMAND`]),
+    /// not with the session. Its QP accepts remote writes from the start, but nothing grants
+    /// one until then: a session that never receives a WRITE holds no region, no window and
+    /// no rkey (a registered page and its kernel records per held session).
+    pub writes_on_demand: bool,
 }
 
 impl SessionConfig {
@@ -297,7 +326,8 @@ impl SessionConfig {
     }
 
     fn admit_calls(&self, quota: &TenantQuota, shared: bool) -> Result<SessionAdmission, Refusal> {
-        let (bs, slots) = self.layout();
+        // The sizes Resources registers, from the one place that derives them.
+        let shape = self.shape();
         let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         // The QP first: it is what operators limit most, and its refusal
         // reason is the one a client can act on.
@@ -312,15 +342,43 @@ impl SessionConfig {
                 held.push(quota.admit(Verb::CqCreate)?);
             }
         }
-        let (send_slots, write_slots) = self.slots();
-        let data = self.accept_writes.then_some(bs.saturating_mul(write_slots));
-        let recv_len = self.slot_for(self.receive_len());
-        let receive = (!shared).then_some(recv_len.saturating_mul(slots));
-        let send = self.slot_for(self.post_len()).saturating_mul(send_slots);
+        // A region made on demand is admitted when it is asked for ([`SessionConfig::admit_writes`]).
+        let data = shape.write_region().then_some(shape.write_len());
+        let receive = (!shared).then_some(shape.recv_len.saturating_mul(shape.recv_slots));
+        let send = shape.send_len.saturating_mul(shape.send_slots);
         for size in [Some(send), receive, data].into_iter().flatten() {
             held.push(quota.admit_mr(bytes(size))?);
         }
         Ok(SessionAdmission { _held: held })
+    }
+
+    /// Admits, against `quota`, the write region a session made with
+    /// [`SessionConfig::writes_on_demand`] registers when its peer asks for it
+    /// ([`Session::open_writes`]): one MR of its size. Keep it as long as the session.
+    ///
+    /// ```
+    /// use secure_rdma::quota::{QuotaConfig, Quotas, TenantInfo};
+    /// use secure_rdma::session::SessionConfig;
+    ///
+    /// let quotas = Quotas::new(QuotaConfig::parse("tenant alice MR_COUNT 2\n", "q")?);
+    /// let alice = quotas.register(TenantInfo { identity: "alice".into(), pid: 1, cgroup_id: 1 });
+    /// let cfg = SessionConfig { writes_on_demand: true, ..SessionConfig::default() };
+    /// // On a shared queue a session registers its send slots and its write region: the
+    /// // second only once asked for.
+    /// let first = cfg.admit_on_shared(&alice)?;
+    /// let second = cfg.admit_on_shared(&alice)?;
+    /// let refused = cfg.admit_writes(&alice).unwrap_err();
+    /// assert_eq!(refused.to_string(), "MR_COUNT limit 2 reached for tenant alice (2 live)");
+    /// drop(second);
+    /// let writes = cfg.admit_writes(&alice)?;
+    /// # drop((first, writes));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn admit_writes(&self, quota: &TenantQuota) -> Result<SessionAdmission, Refusal> {
+        let len = u64::try_from(self.shape().write_len()).unwrap_or(u64::MAX);
+        Ok(SessionAdmission {
+            _held: vec![quota.admit_mr(len)?],
+        })
     }
 }
 
@@ -345,6 +403,7 @@ impl Default for SessionConfig {
             memory_window: true,
             max_post: None,
             max_receive: None,
+            writes_on_demand: false,
         }
     }
 }
@@ -446,6 +505,9 @@ pub struct Session {
     receive: Receive,
     data_mr: Option<Arc<MemoryRegion>>,
     remote_buffer: Option<RemoteBuffer>,
+    /// The peer grants its write region when asked ([`crate::handshake::WRITE_ON_DEMAND`]):
+    /// until [`Session::granted_writes`], WRITEs wait for it rather than being refused.
+    peer_grants_writes: bool,
     protection: Option<Protection>,
     /// Bytes of a message slot: payload plus overhead when protected.
     slot_len: usize,
@@ -623,13 +685,88 @@ impl Session {
     /// slot of the peer's buffer holds (0 when the peer accepts no writes).
     pub fn max_write_len(&self) -> usize {
         let overhead = self.slot_len - self.config.buffer_size.min(self.slot_len);
-        let remote = self.remote_buffer.map_or(0, |b| {
-            usize::try_from(b.len)
-                .unwrap_or(usize::MAX)
-                .min(self.slot_len)
-                .saturating_sub(overhead)
-        });
-        self.max_len().min(remote)
+        // A region granted on request holds a slot of the common length, as one announced
+        // with the endpoint does.
+        let remote = match self.remote_buffer {
+            Some(b) => usize::try_from(b.len).unwrap_or(usize::MAX),
+            None if self.peer_grants_writes => self.slot_len,
+            None => 0,
+        };
+        self.max_len()
+            .min(remote.min(self.slot_len).saturating_sub(overhead))
+    }
+
+    /// The peer grants its write region when asked ([`crate::handshake::WRITE_ON_DEMAND`]):
+    /// the session's WRITEs need [`Session::granted_writes`] first.
+    pub(crate) fn expect_write_grant(&mut self) {
+        self.peer_grants_writes = true;
+    }
+
+    /// Whether a WRITE must first ask the peer for its region (granted on request, and not
+    /// granted yet).
+    pub(crate) fn needs_write_grant(&self) -> bool {
+        self.peer_grants_writes && self.remote_buffer.is_none()
+    }
+
+    /// The region the peer granted on request: WRITEs go to it from now on.
+    pub(crate) fn granted_writes(&mut self, buffer: RemoteBuffer) {
+        self.remote_buffer = Some(buffer);
+        self.wiring.remote.buffer = Some(buffer);
+    }
+
+    /// This side's write region, made now if it was left for the peer to ask for
+    /// ([`SessionConfig::writes_on_demand`]): registered, and on a device with type 2 memory
+    /// windows a window bound to this session's QP over it, exactly as a region made with the
+    /// session. Asked again, the same region. What the peer needs is returned (and is this
+    /// side's [`Wiring::local`] buffer from now on).
+    ///
+    /// The window's bind goes on the send queue: what is in flight completes first, so that
+    /// no completion of the bind is taken for an operation's.
+    pub async fn open_writes(&mut self) -> Result<RemoteBuffer, OpenWritesError> {
+        if let Some(buffer) = self.wiring.local.buffer {
+            return Ok(buffer);
+        }
+        let shape = self.config.shape();
+        if !shape.accept_writes {
+            return Err(OpenWritesError::Refused(SessionError::NoRemoteBuffer));
+        }
+        let pd = Arc::clone(self.qp.pd());
+        // On a shared protection domain a region's own rkey would reach every session's
+        // memory: a window there, or nothing ([`Resources::on_shared`] asks the same).
+        let windows = match &self.receive {
+            Receive::Shared(_) => true,
+            Receive::Own(_) => shape.memory_window && has_windows(pd.device()),
+        };
+        let access = match windows {
+            true => MrAccess::WindowBind,
+            false => MrAccess::RemoteWrite,
+        };
+        let refused = |e: VerbsError| OpenWritesError::Refused(e.into());
+        let mr = MemoryRegion::new(&pd, shape.write_len(), access).map_err(refused)?;
+        let buffer = match windows {
+            false => mr.remote(),
+            true => {
+                let window = Arc::new(MemoryWindow::alloc(&pd).map_err(refused)?);
+                self.flush().await.map_err(OpenWritesError::Lost)?;
+                self.qp
+                    .post_bind_window(BIND_WR, &window, &mr)
+                    .map_err(|e| OpenWritesError::Lost(e.into()))?;
+                next_sent_ok(
+                    self.qp.send_cq(),
+                    &mut self.receive,
+                    "the memory window's bind",
+                    self.config.timeout,
+                )
+                .await
+                .map_err(OpenWritesError::Lost)?;
+                let buffer = window.remote(&mr);
+                self.window = Some(window);
+                buffer
+            }
+        };
+        self.data_mr = Some(mr);
+        self.wiring.local.buffer = Some(buffer);
+        Ok(buffer)
     }
 
     /// Slots of the peer's write buffer: WRITEs go to them in turn. The peer
@@ -936,6 +1073,7 @@ pub struct Shape {
     write_slots: usize,
     accept_writes: bool,
     memory_window: bool,
+    writes_on_demand: bool,
 }
 
 impl SessionConfig {
@@ -952,6 +1090,7 @@ impl SessionConfig {
             write_slots,
             accept_writes: self.accept_writes,
             memory_window: self.accept_writes && self.memory_window,
+            writes_on_demand: self.accept_writes && self.writes_on_demand,
         }
     }
 }
@@ -974,6 +1113,17 @@ impl Shape {
     /// sessions needs slots of at least this size.
     pub fn recv_len(&self) -> usize {
         self.recv_len
+    }
+
+    /// Bytes of the write region: a slot per WRITE the peer may have in flight.
+    pub fn write_len(&self) -> usize {
+        self.slot_len.saturating_mul(self.write_slots)
+    }
+
+    /// Whether the write region is made with the session's resources: it accepts writes, and
+    /// not only on demand ([`SessionConfig::writes_on_demand`]).
+    pub fn write_region(&self) -> bool {
+        self.accept_writes && !self.writes_on_demand
     }
 }
 
@@ -1022,15 +1172,10 @@ impl Resources {
         let recv_mr = MemoryRegion::new(&pd, recv_len * slots, MrAccess::Local)?;
         // Only a side that receives RDMA WRITEs exposes memory, and only this one region:
         // registered per session (a fresh rkey) and zero-based, so no heap address leaks.
-        let windows = shape.memory_window
-            && {
-                let has = device.has_type2_windows();
-                if !has {
-                    tracing::warn!(device = %device.name(), "no type 2 memory windows on this device; the peer gets the write region's own rkey");
-                }
-                has
-            };
-        let data_mr = match shape.accept_writes {
+        let windows = shape.write_region() && shape.memory_window && has_windows(device);
+        // On demand ([`SessionConfig::writes_on_demand`]), nothing yet: the QP still accepts
+        // remote writes, but no rkey grants one before [`Session::open_writes`].
+        let data_mr = match shape.write_region() {
             true => Some(MemoryRegion::new(
                 &pd,
                 bs * write_slots,
@@ -1110,7 +1255,7 @@ impl Resources {
         let max_send = (send_slots + 2).max(4);
         // From the queue's arena: a registration per 64 sessions, not one each.
         let send = shared.send_slots().take(shape.send_len * send_slots)?;
-        let data_mr = match shape.accept_writes {
+        let data_mr = match shape.write_region() {
             true => Some(MemoryRegion::new(
                 pd,
                 bs * write_slots,
@@ -1322,6 +1467,7 @@ impl Prepared {
                 receive,
                 data_mr,
                 remote_buffer: remote.buffer,
+                peer_grants_writes: false,
                 protection,
                 slot_len,
                 send_len,

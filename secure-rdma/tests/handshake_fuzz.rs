@@ -27,6 +27,10 @@ fn corpus() -> Vec<Vec<u8>> {
         r#"{"type":"ack","op":"send","seq":1,"bytes":5}"#,
         r#"{"type":"abort","reason":{"kind":"authentication_failed"}}"#,
         r#"{"type":"bye"}"#,
+        r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":null,"resume":{"kind":"new"},"writes_on_demand":true}"#,
+        r#"{"type":"write_open"}"#,
+        r#"{"type":"write_grant","buffer":{"addr":0,"rkey":4660,"len":4128}}"#,
+        r#"{"type":"write_reject","reason":{"kind":"quota","detail":"MR_COUNT limit 2 reached globally (2 live)"}}"#,
     ]
     .iter()
     .map(|j| frame(j.as_bytes()))
@@ -107,7 +111,7 @@ async fn handshake_frames_never_panic_or_hang() {
         // End of stream after the input: a short frame must end in an error, not a wait.
         drop(raw);
         let mut chan = Channel::new(peer);
-        let which = inputs % 8;
+        let which = inputs % 10;
         let outcome = tokio::time::timeout(Duration::from_secs(1), async {
             match which {
                 0 => chan.expect_hello().await.map(|_| ()),
@@ -117,6 +121,11 @@ async fn handshake_frames_never_panic_or_hang() {
                 4 => chan.expect_confirmed().await,
                 5 => chan.expect_ack().await.map(|_| ()),
                 6 => chan.expect_control().await.map(|_| ()),
+                7 => chan.expect_session_request().await.map(|_| ()),
+                8 => chan
+                    .expect_write_answer(&mut secure_rdma::lanes::ClosedLanes::default())
+                    .await
+                    .map(|_| ()),
                 _ => chan.recv::<Message>().await.map(|_| ()),
             }
         })

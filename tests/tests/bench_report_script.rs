@@ -160,6 +160,16 @@ fn bench_sh_refuses_an_unknown_kind_of_hold_before_building() {
         );
     }
     scripts::help("bench.sh", &["--hold-queues", "per-session|shared|both"]);
+    for args in [&["--hold-writes", "lazy"][..], &["--hold-writes"][..]] {
+        let out = bench_sh(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "bench.sh: --hold-writes needs on-demand, at-setup or both\n",
+            "{args:?}"
+        );
+    }
+    scripts::help("bench.sh", &["--hold-writes", "on-demand|at-setup|both"]);
 }
 
 #[test]
@@ -303,6 +313,31 @@ fn a_hold_on_the_shared_queue_gets_its_own_row_and_the_goal_takes_the_better_ser
         t.contains("| ≤ 32 KiB of server memory per idle session (RSS only: no slab measured) | yes | 31.0 |"),
         "{t}"
     );
+}
+
+/// `--hold-writes both`: the shared hold once more on a server that makes each session's write
+/// region with it, in a row of its own beside the on-demand one; the goal takes the better.
+#[test]
+fn a_hold_with_write_regions_at_setup_gets_its_own_row_beside_the_on_demand_one() {
+    let both = rows(800.0)
+        + "1,secure-rdma,hold-shared,2000,protected,established,2000,sessions\n\
+           1,secure-rdma,hold-shared,2000,protected,delivered,2000,sessions\n\
+           1,secure-rdma,hold-shared,2000,protected,setup_ms,40000,ms\n\
+           1,secure-rdma,hold-shared,2000,protected,server_rss_per_session_kib,33.5,KiB\n\
+           1,secure-rdma,hold-shared,2000,protected,slab_per_session_kib,15.0,KiB\n\
+           1,secure-rdma,hold-shared-at-setup,2000,protected,established,2000,sessions\n\
+           1,secure-rdma,hold-shared-at-setup,2000,protected,delivered,2000,sessions\n\
+           1,secure-rdma,hold-shared-at-setup,2000,protected,setup_ms,41000,ms\n\
+           1,secure-rdma,hold-shared-at-setup,2000,protected,server_rss_per_session_kib,41.5,KiB\n\
+           1,secure-rdma,hold-shared-at-setup,2000,protected,slab_per_session_kib,21.5,KiB\n";
+    let t = table(&both);
+    for line in [
+        "| one shared receive queue (`--shared-receive-queue 1024`) | 2,000 | 2,000 | 40,000 | 33.5 | 15.0 |",
+        "| the shared queue, each session's write region made with it (`--writes-at-setup`) | 2,000 | 2,000 | 41,000 | 41.5 | 21.5 |",
+        "| ≤ 32 KiB of server memory per idle session (RSS + the kernel's slab growth) | **no** | 48.5 |",
+    ] {
+        assert!(t.contains(line), "{line} missing from:\n{t}");
+    }
 }
 
 /// Issue 22's memory goal is the server's RSS *plus* the kernel's slab growth per session: a

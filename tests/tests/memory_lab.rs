@@ -9,6 +9,8 @@
 //!   cause is counted. The same packet with the *current* session's rkey lands (ACKed) and is
 //!   refused only by the AEAD: the rkey's death at session end is what stops the first one.
 //! - 100 sessions, 100 different rkeys; none of their memory regions outlives its session.
+//! - A session holds no write region until its client first WRITEs: asked for then, granted
+//!   once; a region the quota refuses is refused alone, and the session goes on SENDing.
 //!
 //! Run inside the lab VM: `scripts/softroce-vm.sh` (scripts/test.sh does).
 
@@ -525,8 +527,10 @@ fn rkeys_differ_across_100_sessions_and_no_memory_region_outlives_its_session() 
     require_lab();
     let pki = Pki::new();
     pki.clients(&["many".to_owned()]);
-    // The server logs each session's rkey at debug ("RDMA wiring").
-    let server = ServerProc::start(&pki, 4592, &[]);
+    // The server logs each session's rkey at debug ("RDMA wiring"). `bench connect` only
+    // SENDs: with the region made when a client first WRITEs, none of these sessions would
+    // have one; made at setup, each has its own.
+    let server = ServerProc::start(&pki, 4592, &["--writes-at-setup"]);
     let out = wait_with_deadline(
         client(&pki, &server, Some("many"))
             .args(["bench", "connect", "-n", "100", "--concurrency", "1"])
@@ -587,4 +591,137 @@ fn rkeys_differ_across_100_sessions_and_no_memory_region_outlives_its_session() 
         || format!("{:#?}", rdma_resources_of(pid)),
     );
     assert_eq!(count_kind(&rdma_resources_of(pid), "qp"), 0);
+}
+
+/// The server's regions, by `rdma resource show mr`.
+fn regions(server: &ServerProc) -> usize {
+    count_kind(&rdma_resources_of(server.pid()), "mr")
+}
+
+/// A session that only SENDs holds no write region: its client asks for the region before its
+/// first WRITE, and only then does the server register it and bind its window; a second WRITE
+/// asks for nothing. With `--writes-at-setup` (as every session was before), the same idle
+/// session already holds it. Every operation is delivered once, in order.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn the_write_region_is_made_when_the_client_first_writes_and_not_before() {
+    let mut lab = Lab::start(4596, 9596);
+    // A session with a receive queue of its own: its send and receive slots are its regions.
+    assert_eq!(
+        regions(&lab.server),
+        2,
+        "{:#?}",
+        rdma_resources_of(lab.server.pid())
+    );
+    assert_eq!(
+        lab.victim.op("send before any write"),
+        format!(
+            "server acknowledged send #1: {} bytes",
+            "before any write".len()
+        )
+    );
+    assert_eq!(regions(&lab.server), 2);
+    assert_eq!(lab.server.events("write region granted").len(), 0);
+    assert_eq!(
+        lab.victim.op("write the first write"),
+        format!(
+            "server acknowledged write #2: {} bytes",
+            "the first write".len()
+        )
+    );
+    assert_eq!(regions(&lab.server), 3);
+    assert_eq!(
+        lab.victim.op("write and again"),
+        format!("server acknowledged write #3: {} bytes", "and again".len())
+    );
+    assert_eq!(regions(&lab.server), 3);
+    let grants = lab.server.events("write region granted");
+    assert_eq!(grants.len(), 1, "one grant for the session: {grants:?}");
+    // The rkey the server logged is the one the client wrote with: its window's.
+    assert!(grants[0]["rkey"].is_u64(), "{grants:?}");
+    assert_eq!(lab.writes(), ["the first write", "and again"]);
+    let sends: Vec<String> = lab
+        .server
+        .delivered("SEND received")
+        .into_iter()
+        .map(|(_, _, c)| c)
+        .collect();
+    assert_eq!(sends, ["before any write"], "{}", lab.context());
+    assert!(lab.victim.quit_ok());
+
+    // Made at setup, an idle session holds it from the start.
+    let lab = Lab::start_with(4597, 9597, &["--writes-at-setup"]);
+    assert_eq!(
+        regions(&lab.server),
+        3,
+        "{:#?}",
+        rdma_resources_of(lab.server.pid())
+    );
+    assert!(lab.victim.quit_ok());
+}
+
+/// A write region the server's quota refuses is refused alone: the client says why, nothing of
+/// the WRITE is kept, numbered or delivered, its SENDs go on, and it exits 3 (rejected by the
+/// server) at the end. With the region made at setup, the same limit refuses the whole
+/// session.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_write_region_the_quota_refuses_is_refused_alone_and_the_session_goes_on_sending() {
+    let mut lab = Lab::start_with(4599, 9599, &["--limit", "MR_COUNT=2"]);
+    assert_eq!(
+        lab.victim.op("send one"),
+        "server acknowledged send #1: 3 bytes"
+    );
+    lab.victim.command("write never written");
+    let refused = |l: &str| l.contains("refused its write region");
+    lab.victim.wait_err("the refusal", refused, 1);
+    let said: Vec<String> = lab
+        .victim
+        .said()
+        .into_iter()
+        .filter(|l| refused(l))
+        .collect();
+    assert_eq!(
+        said,
+        ["the server refused its write region: quota exceeded: MR_COUNT limit 2 reached globally (2 live); nothing was written, and the session goes on (SENDs only)"],
+        "{}",
+        lab.context()
+    );
+    assert_eq!(
+        lab.victim.op("send two"),
+        "server acknowledged send #2: 3 bytes"
+    );
+    assert_eq!(regions(&lab.server), 2);
+    let sends: Vec<String> = lab
+        .server
+        .delivered("SEND received")
+        .into_iter()
+        .map(|(_, _, c)| c)
+        .collect();
+    assert_eq!(sends, ["one", "two"], "{}", lab.context());
+    assert!(lab.writes().is_empty(), "{}", lab.context());
+    let status = lab.victim.quit_status();
+    assert_eq!(status.code(), Some(3), "{status}");
+
+    // Before: the session's three regions at setup, refused at admission.
+    require_lab();
+    let pki = Pki::new();
+    pki.clients(&[VICTIM.to_owned()]);
+    let server = ServerProc::start(&pki, 4598, &["--writes-at-setup", "--limit", "MR_COUNT=2"]);
+    let out = wait_with_deadline(
+        client(&pki, &server, Some(VICTIM))
+            .args(["-e", "send one"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn secure-client"),
+        STEP,
+        "the refused client",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("quota exceeded: MR_COUNT limit 2 reached globally (2 live)"),
+        "{stderr}"
+    );
 }

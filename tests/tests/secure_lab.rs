@@ -279,7 +279,9 @@ fn sigkill_of_a_client_frees_its_server_resources() {
     require_lab();
     let pki = Pki::new();
     pki.clients(&["victim".to_owned()]);
-    let server = ServerProc::start(&pki, 4504, &[]);
+    // The write region and its window at setup, so that the kill leaves every kind of
+    // resource a session can hold behind (a session that never WRITEs holds no region).
+    let server = ServerProc::start(&pki, 4504, &["--writes-at-setup"]);
     let held = Held::start(client(&pki, &server, Some("victim")));
     held.wait_connected();
     let during = wait_resources(server.pid(), 1, Duration::from_secs(10));

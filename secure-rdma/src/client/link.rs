@@ -52,14 +52,49 @@ impl Link {
     }
 
     /// Posts one operation (sealed under this session's keys, with the next
-    /// sequence of the stream the keys are bound to).
+    /// sequence of the stream the keys are bound to). A WRITE first asks for the server's
+    /// write region when it grants it on request ([`Link::open_writes`]).
     pub(crate) async fn post(&mut self, op: Op, data: &[u8]) -> Result<(), ClientError> {
+        if op == Op::Write {
+            self.open_writes().await?;
+        }
         self.session
             .post(op, data)
             .await
             .map_err(ClientError::Session)?;
         self.in_flight += 1;
         Ok(())
+    }
+
+    /// Asks the server for its write region, when it grants it on request and has not yet
+    /// ([`crate::handshake::WRITE_ON_DEMAND`]), and waits for the answer: bounded by the
+    /// client's timeout, a refusal [`ClientError::WriteRejected`] (the session goes on). Asked
+    /// with nothing awaiting a TLS acknowledgement: the answer is the next message over TLS
+    /// but for a lane the server closes, which is remembered.
+    pub(crate) async fn open_writes(&mut self) -> Result<(), ClientError> {
+        if !self.session.needs_write_grant() {
+            return Ok(());
+        }
+        self.chan.send(&Message::WriteOpen).await.map_err(tls_or)?;
+        let answer = tokio::time::timeout(
+            self.timeout,
+            self.chan.expect_write_answer(&mut self.closed_lanes),
+        )
+        .await
+        .map_err(|_| {
+            ClientError::Session(SessionError::Timeout(
+                self.timeout,
+                "the server's write region",
+            ))
+        })?
+        .map_err(tls_or)?;
+        match answer {
+            Ok(buffer) => {
+                self.session.granted_writes(buffer);
+                Ok(())
+            }
+            Err(reason) => Err(ClientError::WriteRejected(reason)),
+        }
     }
 
     /// Waits for the next acknowledgement: over TLS, or over RDMA on the

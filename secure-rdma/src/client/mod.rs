@@ -369,6 +369,10 @@ pub enum ClientError {
     /// allows one lane per identity, or a session without the streaming data path.
     #[error("the server offers no lanes on this session (it allows one QP per session, or is of an earlier release); the session keeps its one lane")]
     NoLanes,
+    /// The server refused its write region (a quota, its device): nothing was sent, and the
+    /// session goes on with SENDs.
+    #[error("the server refused its write region: {0}; nothing was written, and the session goes on (SENDs only)")]
+    WriteRejected(RejectReason),
     /// The server refused one more lane; the session and its other lanes go on.
     #[error("lane {lane} refused by the server: {reason}; the session and its other lanes go on")]
     LaneRejected {
@@ -792,26 +796,29 @@ impl Connector {
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity, cipher, rdma_window, resume, rekey, lanes) = match verdict {
-            Verdict::Accepted {
-                buffer_size,
-                identity,
-                cipher,
-                rdma_window,
-                resume,
-                rekey,
-                lanes,
-            } => (
-                buffer_size as usize,
-                identity,
-                cipher,
-                rdma_window,
-                resume,
-                rekey,
-                lanes,
-            ),
-            Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
-        };
+        let (buffer_size, identity, cipher, rdma_window, resume, rekey, lanes, writes_on_demand) =
+            match verdict {
+                Verdict::Accepted {
+                    buffer_size,
+                    identity,
+                    cipher,
+                    rdma_window,
+                    resume,
+                    rekey,
+                    lanes,
+                    writes_on_demand,
+                } => (
+                    buffer_size as usize,
+                    identity,
+                    cipher,
+                    rdma_window,
+                    resume,
+                    rekey,
+                    lanes,
+                    writes_on_demand,
+                ),
+                Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
+            };
         // The accept is authenticated by TLS, so a downgrade here is the
         // server's own choice; still, never run unprotected unless asked to.
         let acceptable = match cipher {
@@ -894,11 +901,16 @@ impl Connector {
             Ok(prepared) => Session::establish_prepared(&mut chan, prepared).await,
             Err(e) => Err(e),
         };
-        let session = established.map_err(|e| match e {
+        let mut session = established.map_err(|e| match e {
             SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
             SessionError::Verbs(v) => ClientError::Device(v),
             other => ClientError::Session(other),
         })?;
+        // The hello lists WRITE_ON_DEMAND: a server that agrees sends its write region when
+        // asked, before the first WRITE (one that sent it anyway has it in its endpoint).
+        if writes_on_demand {
+            session.expect_write_grant();
+        }
         let timing = session.timing();
         let phases = Phases {
             tcp_tls,

@@ -458,6 +458,13 @@ impl Client {
         while self.link.in_flight >= self.link.window() && !self.unacked.is_empty() {
             acks.push(self.ack().await?);
         }
+        // The write region first, if the server grants it on request: a refusal leaves the
+        // operation unkept and unnumbered, so the stream goes on without it.
+        if op == Op::Write {
+            if let Err(e) = self.link.open_writes().await {
+                self.recover(e).await?;
+            }
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         self.unacked.push_back(Pending {

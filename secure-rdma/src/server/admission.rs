@@ -201,9 +201,17 @@ impl Drop for IdentitySession {
 /// resources, not after the goodbye, so a client waiting for this one to
 /// leave finds room as soon as its kernel objects are gone.
 pub(super) struct Held {
-    _quota: Option<(SessionAdmission, TenantQuota)>,
+    quota: Option<(SessionAdmission, TenantQuota)>,
     _identity: IdentitySession,
     _slot: OwnedSemaphorePermit,
+}
+
+impl Held {
+    /// The tenant the session's resources are counted against (with quotas): what it makes
+    /// later, its write region on demand, is admitted there too.
+    pub(super) fn tenant(&self) -> Option<&TenantQuota> {
+        self.quota.as_ref().map(|(_, tenant)| tenant)
+    }
 }
 
 /// A client that passed admission: authenticated by TLS, a supported
@@ -377,7 +385,11 @@ pub(super) async fn admit(
             .capabilities
             .iter()
             .any(|c| c == crate::lanes::LANE_CLOSED);
-    let session_cfg = session_config(cfg, rdma_window, cipher.is_some(), peer_ip);
+    let writes_on_demand = writes_on_demand(cfg, &hello.capabilities);
+    let session_cfg = SessionConfig {
+        writes_on_demand,
+        ..session_config(cfg, rdma_window, cipher.is_some(), peer_ip)
+    };
     // Quotas are checked for everything the session will make, before any of
     // it reaches the kernel; the counts stay held until the session is gone.
     let quota = match &cfg.quotas {
@@ -418,6 +430,7 @@ pub(super) async fn admit(
         // Only a protected session has keys to rotate.
         rekey: cipher.map(|_| rekey),
         lanes: lanes.then(|| u32::try_from(cfg.max_lanes_per_identity).unwrap_or(u32::MAX)),
+        writes_on_demand,
     };
     if chan.send(&accept).await.is_err() {
         counts.handshake(HandshakeOutcome::Failed);
@@ -454,7 +467,7 @@ pub(super) async fn admit(
         cipher,
         rekey,
         held: Held {
-            _quota: quota,
+            quota,
             _identity: identity_session,
             _slot: slot,
         },
@@ -539,6 +552,16 @@ fn session_config(
     }
 }
 
+/// Whether a session's write region waits for its client to ask ([`SessionConfig::writes_on_demand`]):
+/// the server's choice, for a client that will ask (one of an earlier release gets it with the
+/// session's endpoint, as it expects).
+fn writes_on_demand(cfg: &super::ServerConfig, capabilities: &[String]) -> bool {
+    cfg.writes_on_demand
+        && capabilities
+            .iter()
+            .any(|c| c == crate::handshake::WRITE_ON_DEMAND)
+}
+
 /// The rotation policy of a session: the server's, when payloads are protected and the client
 /// lists [`KEY_ROTATION`]; never otherwise (no keys, or a client of an earlier release, which
 /// would fail the first message of a new epoch at its tag).
@@ -553,6 +576,56 @@ fn session_rekey(protected: bool, capabilities: &[String], server: RekeyPolicy) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_that_asks_gets_its_write_region_on_demand_and_admitted_apart() {
+        let cfg = super::super::ServerConfig::new(
+            "127.0.0.1:4433".parse().unwrap(),
+            std::path::Path::new("certs"),
+        );
+        let new: Vec<String> = crate::handshake::CAPABILITIES
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect();
+        let old: Vec<String> = new
+            .iter()
+            .filter(|c| *c != crate::handshake::WRITE_ON_DEMAND)
+            .cloned()
+            .collect();
+        assert!(writes_on_demand(&cfg, &new));
+        // A client of an earlier release, or a server told to make it at setup.
+        assert!(!writes_on_demand(&cfg, &old));
+        assert!(!writes_on_demand(
+            &cfg.clone().with_writes_on_demand(false),
+            &new
+        ));
+        let at_setup = session_config(&cfg, Some(RDMA_WINDOW), true, "10.77.0.2".parse().unwrap());
+        let on_demand = SessionConfig {
+            writes_on_demand: true,
+            ..at_setup
+        };
+        assert!(at_setup.shape().write_region());
+        assert!(!on_demand.shape().write_region());
+        // The same region either way: a slot per WRITE in flight, once asked for.
+        assert_eq!(on_demand.shape().write_len(), at_setup.shape().write_len());
+        assert_eq!(
+            at_setup.shape().write_len(),
+            RDMA_WINDOW * (cfg.buffer_size + crate::protect::OVERHEAD)
+        );
+        // Admitted without the region, which is admitted when asked for.
+        let quotas = crate::quota::Quotas::new(
+            crate::quota::QuotaConfig::parse("tenant alice MR_COUNT 2\n", "q").unwrap(),
+        );
+        let alice = quotas.register(crate::quota::TenantInfo {
+            identity: "alice".into(),
+            pid: 1,
+            cgroup_id: 1,
+        });
+        assert!(at_setup.admit(&alice).is_err(), "three regions at setup");
+        let session = on_demand.admit(&alice).expect("two regions");
+        assert!(on_demand.admit_writes(&alice).is_err());
+        drop(session);
+    }
 
     #[test]
     fn only_a_protected_client_that_follows_gets_the_servers_rotation() {

@@ -94,6 +94,12 @@ pub struct ServerConfig {
     /// over its write slots, invalidated when the session ends, rather than the write region's
     /// own rkey (default on; devices without type 2 windows fall back to the region's rkey).
     pub memory_windows: bool,
+    /// Register a session's write region (and bind its window) only when its client asks for
+    /// it, before its first RDMA WRITE ([`crate::handshake::WRITE_ON_DEMAND`]; default on): a
+    /// session that only SENDs, or is idle, then holds no memory its peer can write and no
+    /// registration. Off, or for a client of an earlier release, the region comes with the
+    /// session's endpoint. A lane gets its region when it opens either way.
+    pub writes_on_demand: bool,
     /// Lanes (RC QPs) one identity may hold at once across its sessions, the first lane of
     /// each session included ([`crate::lanes`]): a client that opens more lanes on a live
     /// session is refused beyond it, so lanes do not buy a tenant more than its share (default
@@ -156,6 +162,7 @@ impl ServerConfig {
             spiffe_trust_domains: Vec::new(),
             rekey: RekeyPolicy::default(),
             memory_windows: true,
+            writes_on_demand: true,
             max_lanes_per_identity: crate::lanes::DEFAULT_MAX_LANES_PER_IDENTITY,
             setup_watch: crate::setup_watch::SetupWatchConfig::default(),
             warm_pool: 0,
@@ -313,6 +320,12 @@ impl ServerConfig {
     /// Sets [`memory_windows`](Self::memory_windows).
     pub fn with_memory_windows(mut self, on: bool) -> Self {
         self.memory_windows = on;
+        self
+    }
+
+    /// Sets [`writes_on_demand`](Self::writes_on_demand).
+    pub fn with_writes_on_demand(mut self, on: bool) -> Self {
+        self.writes_on_demand = on;
         self
     }
 

@@ -69,8 +69,55 @@ use crate::handshake::{HandshakeError, Message};
 use crate::metrics::{HandshakeOutcome, KeyDirection, ServerMetrics, TimedVerb};
 use crate::ratelimit::LogLimiter;
 use crate::server::handler::HandlerError;
-use crate::session::{Session, SessionError};
+use crate::session::{OpenWritesError, Session, SessionAdmission, SessionConfig, SessionError};
 use crate::setup_watch::SetupChange;
+
+/// The write region a client asks for before its first WRITE ([`Message::WriteOpen`]):
+/// admitted against its tenant's quota (once: `admitted` keeps it for the session), then
+/// registered and bound to the session's QP. The answer the client hears, a grant or why not;
+/// an error only when the session cannot go on (the window's bind failed on its QP).
+async fn grant_writes(
+    session: &mut Session,
+    cfg: &SessionConfig,
+    tenant: Option<&crate::quota::TenantQuota>,
+    admitted: &mut Option<SessionAdmission>,
+    identity: &str,
+) -> Result<Message, SessionError> {
+    let unmade = session.wiring().local.buffer.is_none();
+    if let (true, None, Some(tenant)) = (unmade, admitted.as_ref(), tenant) {
+        match cfg.admit_writes(tenant) {
+            Ok(a) => *admitted = Some(a),
+            Err(refusal) => {
+                tracing::warn!(client = %identity, "INTERCEPTED: {refusal}");
+                return Ok(Message::WriteReject {
+                    reason: RejectReason::Quota {
+                        detail: refusal.to_string(),
+                    },
+                });
+            }
+        }
+    }
+    match session.open_writes().await {
+        Ok(buffer) => {
+            // rkeys and addresses help an attacker aim (ReDMArk): debug only.
+            tracing::debug!(client = %identity, rkey = buffer.rkey, len = buffer.len, "write region granted");
+            Ok(Message::WriteGrant { buffer })
+        }
+        Err(OpenWritesError::Refused(e)) => {
+            tracing::warn!(client = %identity, error = %e, "no write region for the client; its session goes on");
+            // Nothing was made: nothing stays counted.
+            if unmade {
+                *admitted = None;
+            }
+            Ok(Message::WriteReject {
+                reason: RejectReason::Unavailable {
+                    detail: e.to_string(),
+                },
+            })
+        }
+        Err(OpenWritesError::Lost(e)) => Err(e),
+    }
+}
 
 /// Steps 3–6: RDMA setup and confirmation, then the client's operations
 /// until it leaves, goes idle or the server stops; then everything the
@@ -230,7 +277,11 @@ pub(super) async fn serve_session(
         peer: Arc::clone(&peer),
         device: Arc::clone(&device),
         sgid,
-        session_cfg,
+        // A lane is opened to carry traffic: its write region comes with its endpoint.
+        session_cfg: SessionConfig {
+            writes_on_demand: false,
+            ..session_cfg
+        },
         cipher,
         rekey,
         enabled: lanes,
@@ -250,6 +301,9 @@ pub(super) async fn serve_session(
     // so it is never opened twice (its sequences would start again under the same keys).
     let mut used_lanes: Vec<u32> = Vec::new();
     let lane0 = metrics.lane_counter(0);
+    // The write region's quota count, once the client asks for it (kept until the session's
+    // resources are freed, as `held` is).
+    let mut writes_admitted: Option<SessionAdmission> = None;
     let reason = loop {
         rotations.count(metrics, &session);
         tokio::select! {
@@ -348,6 +402,16 @@ pub(super) async fn serve_session(
                             tracing::warn!(client = %identity, lane = req.lane, reason = %refused.reason, "lane refused; the session goes on");
                             Message::LaneReject { lane: req.lane, reason: refused.reason }
                         }
+                    };
+                    if let Err(reason) = send_within(&mut chan, &answer, limits.write_timeout).await {
+                        break reason;
+                    }
+                }
+                Ok(SessionRequest::WriteOpen) => {
+                    idle.touch();
+                    let answer = match Box::pin(grant_writes(&mut session, &session_cfg, held.tenant(), &mut writes_admitted, &identity)).await {
+                        Ok(answer) => answer,
+                        Err(e) => break datapath_failure(metrics, &identity, &e),
                     };
                     if let Err(reason) = send_within(&mut chan, &answer, limits.write_timeout).await {
                         break reason;

@@ -446,6 +446,11 @@ impl<S: QpState> QueuePair<S> {
         &self.sgid
     }
 
+    /// The protection domain the QP was made on: a region or window bound to it must be too.
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
     /// The CQ that reports sends and writes.
     pub fn send_cq(&self) -> &Arc<CompletionQueue> {
         &self.send_cq
