@@ -51,7 +51,8 @@ pub const MAX_FRAME: usize = 64 * 1024;
 /// What a [`Channel`]'s read and write buffers start with, each. Control messages are a few
 /// hundred bytes, and a channel lives as long as its session: the framing's default of 8 KiB
 /// for each buffer was 16 KiB of every held session's memory. A larger frame grows its
-/// buffer as it needs.
+/// buffer as it needs, and a buffer left empty after a message is let go
+/// ([`Channel::release_empty`]): an idle session keeps neither.
 const CHANNEL_BUFFER: usize = 1024;
 
 /// Errors of framing and message validation.
@@ -686,7 +687,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
             return Err(HandshakeError::TooLarge(body.len()));
         }
         self.framed.send(bytes::Bytes::from(body)).await?;
+        self.release_empty();
         Ok(())
+    }
+
+    /// Lets go of a framing buffer that holds nothing: after a message, sent (and flushed) or
+    /// received whole, the buffer's capacity would otherwise stay for the session's life (1 KiB
+    /// or more each way, for a session that may then sit idle for hours). The next message
+    /// allocates what it needs: the read side grows from a few bytes to the frame's announced
+    /// length in one step.
+    fn release_empty(&mut self) {
+        if self.framed.write_buffer().is_empty() && self.framed.write_buffer().capacity() > 0 {
+            *self.framed.write_buffer_mut() = bytes::BytesMut::new();
+        }
+        if self.framed.read_buffer().is_empty() && self.framed.read_buffer().capacity() > 0 {
+            *self.framed.read_buffer_mut() = bytes::BytesMut::new();
+        }
+    }
+
+    /// Bytes the framing buffers hold allocated (read, write): what an idle channel costs.
+    #[cfg(test)]
+    fn buffered_capacity(&self) -> (usize, usize) {
+        (
+            self.framed.read_buffer().capacity(),
+            self.framed.write_buffer().capacity(),
+        )
     }
 
     /// Receives one message; [`HandshakeError::Closed`] at end of stream.
@@ -702,7 +727,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 Err(HandshakeError::TooLarge(MAX_FRAME + 1))
             }
             Some(Err(e)) => Err(e.into()),
-            Some(Ok(frame)) => serde_json::from_slice(&frame).map_err(HandshakeError::Malformed),
+            Some(Ok(frame)) => {
+                let parsed = serde_json::from_slice(&frame).map_err(HandshakeError::Malformed);
+                // The frame shares the read buffer's allocation: let go of both now.
+                drop(frame);
+                self.release_empty();
+                parsed
+            }
         }
     }
 
@@ -908,6 +939,29 @@ mod tests {
             b.send(&"thanks!".to_owned()).await.unwrap();
         }
         writer.await.unwrap();
+    }
+
+    /// A held session's channel sits idle between messages: its framing buffers are let go
+    /// once a message is through (a buffer that still holds part of the next frame is kept).
+    #[tokio::test]
+    async fn an_idle_channel_keeps_no_framing_buffer() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (mut a, mut b) = (Channel::new(a), Channel::new(b));
+        assert_eq!(a.buffered_capacity(), (CHANNEL_BUFFER, CHANNEL_BUFFER));
+        a.send(&Message::Ready).await.unwrap();
+        assert_eq!(a.buffered_capacity().1, 0, "sent and flushed");
+        b.expect_ready().await.unwrap();
+        assert_eq!(b.buffered_capacity().0, 0, "received whole");
+        // Two frames sent back to back arrive whole, in order.
+        a.send(&Message::Confirmed).await.unwrap();
+        a.send(&Message::Bye).await.unwrap();
+        b.expect_confirmed().await.unwrap();
+        assert_eq!(b.recv::<Message>().await.unwrap(), Message::Bye);
+        assert_eq!(b.buffered_capacity(), (0, 0));
+        // And the channel works on, both ways, from empty buffers.
+        b.send(&Message::WriteOpen).await.unwrap();
+        assert_eq!(a.recv::<Message>().await.unwrap(), Message::WriteOpen);
+        assert_eq!(a.buffered_capacity(), (0, 0));
     }
 
     #[tokio::test]
