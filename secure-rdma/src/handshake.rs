@@ -280,13 +280,13 @@ pub const KEY_ROTATION: &str = "key-rotation";
 
 /// The capability a client lists in its hello to have its operations
 /// acknowledged over RDMA instead of TLS: the streaming data path. The server
-/// answers with [`Verdict::Accepted::rdma_window`], the operations the client
+/// answers with [`Accepted::rdma_window`], the operations the client
 /// may have unacknowledged at once (its receive slots and write slots).
 pub const RDMA_ACKS: &str = "rdma-acks";
 
 /// The capability of a client that asks for the server's write region when it first WRITEs
 /// ([`Message::WriteOpen`]) instead of receiving it in the server's endpoint. A server that
-/// agrees says so in its accept ([`Verdict::Accepted::writes_on_demand`]) and registers no
+/// agrees says so in its accept ([`Accepted::writes_on_demand`]) and registers no
 /// write region, and binds no memory window, until asked: a held session that never WRITEs
 /// costs neither, and exposes no memory to its peer. The session's first QP only: a lane
 /// ([`crate::lanes`]) is opened to carry traffic, and gets its region with its endpoint.
@@ -636,28 +636,33 @@ pub struct Hello {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Admitted: RDMA setup follows.
-    Accepted {
-        /// The largest message or write the server takes, in bytes.
-        buffer_size: u32,
-        /// The identity the server authenticated.
-        identity: String,
-        /// The payload cipher, `None` for payloads in clear.
-        cipher: Option<Cipher>,
-        /// Acknowledgements come over RDMA, with this many operations allowed
-        /// unacknowledged; `None`: over TLS, one at a time.
-        rdma_window: Option<u32>,
-        /// What the server knows of the client's stream.
-        resume: Resume,
-        /// When the payload keys rotate; `None`: never.
-        rekey: Option<RekeyPolicy>,
-        /// The most lanes the identity may hold, when the server offers lanes; `None`: one.
-        lanes: Option<u32>,
-        /// The server grants its write region when the client first asks
-        /// ([`WRITE_ON_DEMAND`]); `false`: it comes with the server's endpoint.
-        writes_on_demand: bool,
-    },
+    Accepted(Accepted),
     /// Refused, with the reason.
     Rejected(RejectReason),
+}
+
+/// What the server's accept says (step 2), as the client receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Accepted {
+    /// The largest message or write the server takes, in bytes.
+    pub buffer_size: u32,
+    /// The identity the server authenticated.
+    pub identity: String,
+    /// The payload cipher, `None` for payloads in clear.
+    pub cipher: Option<Cipher>,
+    /// Acknowledgements come over RDMA, with this many operations allowed
+    /// unacknowledged; `None`: over TLS, one at a time.
+    pub rdma_window: Option<u32>,
+    /// What the server knows of the client's stream.
+    pub resume: Resume,
+    /// When the payload keys rotate; `None`: never.
+    pub rekey: Option<RekeyPolicy>,
+    /// The most lanes the identity may hold, when the server offers lanes; `None`: one.
+    pub lanes: Option<u32>,
+    /// The server grants its write region when the client first asks
+    /// ([`WRITE_ON_DEMAND`]); `false`: it comes with the server's endpoint.
+    pub writes_on_demand: bool,
 }
 
 /// A framed control channel over any byte stream (a TLS stream in the
@@ -772,7 +777,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 rekey,
                 lanes,
                 writes_on_demand,
-            } => Ok(Verdict::Accepted {
+            } => Ok(Verdict::Accepted(Accepted {
                 buffer_size,
                 identity,
                 cipher,
@@ -781,7 +786,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 rekey,
                 lanes,
                 writes_on_demand,
-            }),
+            })),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
         }
@@ -1157,7 +1162,9 @@ mod tests {
             server.send(&accept).await.unwrap();
             client.expect_verdict().await.unwrap()
         });
-        assert!(matches!(verdict, Verdict::Accepted { rekey: Some(p), .. } if p == policy));
+        assert!(
+            matches!(verdict, Verdict::Accepted(Accepted { rekey: Some(p), .. }) if p == policy)
+        );
         // An accept without the field (a server of an earlier release) rotates nothing, and a
         // policy missing a threshold has it off.
         let old: Message = serde_json::from_str(

@@ -14,7 +14,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::datapath::{AbortReason, StreamId};
 use crate::handshake::{
-    Channel, HandshakeError, Kind, Message, RejectReason, Resume, StreamHello, Verdict,
+    Accepted, Channel, HandshakeError, Kind, Message, RejectReason, Resume, StreamHello, Verdict,
     CAPABILITIES, RDMA_ACKS, VERSION,
 };
 use crate::protect::{Cipher, Protection, Side};
@@ -796,29 +796,21 @@ impl Connector {
             .await
             .map_err(|_| ClientError::Session(SessionError::Timeout(cfg.timeout, "admission")))?
             .map_err(tls_or)?;
-        let (buffer_size, identity, cipher, rdma_window, resume, rekey, lanes, writes_on_demand) =
-            match verdict {
-                Verdict::Accepted {
-                    buffer_size,
-                    identity,
-                    cipher,
-                    rdma_window,
-                    resume,
-                    rekey,
-                    lanes,
-                    writes_on_demand,
-                } => (
-                    buffer_size as usize,
-                    identity,
-                    cipher,
-                    rdma_window,
-                    resume,
-                    rekey,
-                    lanes,
-                    writes_on_demand,
-                ),
-                Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
-            };
+        let Accepted {
+            buffer_size,
+            identity,
+            cipher,
+            rdma_window,
+            resume,
+            rekey,
+            lanes,
+            writes_on_demand,
+            ..
+        } = match verdict {
+            Verdict::Accepted(accepted) => accepted,
+            Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
+        };
+        let buffer_size = buffer_size as usize;
         // The accept is authenticated by TLS, so a downgrade here is the
         // server's own choice; still, never run unprotected unless asked to.
         let acceptable = match cipher {
