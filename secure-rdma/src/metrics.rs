@@ -34,6 +34,7 @@
 //! | `secure_rdma_lanes_active` | gauge | (lanes beyond each session's first, [`crate::lanes`]) |
 //! | `secure_rdma_lanes_opened_total` | counter | |
 //! | `secure_rdma_lanes_refused_total` | counter | `reason` ([`LANE_REFUSALS`]) |
+//! | `secure_rdma_write_regions_total` | counter | `outcome` ([`WRITE_REGION_OUTCOMES`]: write regions clients asked for, [`crate::handshake::WRITE_ON_DEMAND`]) |
 //! | `secure_rdma_lane_messages_received_total` | counter | `lane` (0 to [`crate::lanes::MAX_LANE`]) |
 //! | `secure_rdma_rdma_setups_total` | counter | `path` (`warm`: a session or lane took resources made ahead, [`crate::warm`]; `cold`: it made its own; `shared`: it made its own on the shared receive queue, [`crate::shared_queue`]) |
 //! | `secure_rdma_warm_ready` | gauge | (resources ready in the warm pools, as of the last take) |
@@ -352,6 +353,7 @@ pub struct ServerMetrics {
     datapath_events: Family<CauseLabels, Counter>,
     lanes_active: Gauge,
     lanes_opened: Counter,
+    write_regions: Family<OutcomeLabels, Counter>,
     lanes_refused: Family<ReasonLabels, Counter>,
     lane_messages: Family<LaneLabels, Counter>,
     rdma_setups: Family<PathLabels, Counter>,
@@ -379,6 +381,10 @@ struct PathLabels {
 
 /// Every `reason` label of `secure_rdma_lanes_refused_total`.
 pub const LANE_REFUSALS: [&str; 4] = ["lane_limit", "quota", "policy", "setup"];
+
+/// Every `outcome` label of `secure_rdma_write_regions_total`: `granted`, or refused for the
+/// tenant's `quota` or because the region or its window could not be made (`unavailable`).
+pub const WRITE_REGION_OUTCOMES: [&str; 3] = ["granted", "quota", "unavailable"];
 
 /// Keeps one lane counted in `secure_rdma_lanes_active` until dropped.
 #[derive(Debug)]
@@ -428,6 +434,7 @@ impl Default for ServerMetrics {
             datapath_events: Family::default(),
             lanes_active: Gauge::default(),
             lanes_opened: Counter::default(),
+            write_regions: Family::default(),
             lanes_refused: Family::default(),
             lane_messages: Family::default(),
             rdma_setups: Family::default(),
@@ -448,6 +455,13 @@ impl Default for ServerMetrics {
         }
         for path in ["warm", "cold"] {
             drop(metrics.rdma_setups.get_or_create(&PathLabels { path }));
+        }
+        for outcome in WRITE_REGION_OUTCOMES {
+            drop(
+                metrics
+                    .write_regions
+                    .get_or_create(&OutcomeLabels { outcome }),
+            );
         }
         for direction in ["send", "receive"] {
             drop(
@@ -664,6 +678,11 @@ impl ServerMetrics {
             self.lanes_refused.clone(),
         );
         registry.register(
+            "secure_rdma_write_regions",
+            "Write regions clients asked for before their first RDMA WRITE, by outcome (granted; quota: the tenant's quota refused it; unavailable: the region or its window could not be made); a refusal leaves the session sending",
+            self.write_regions.clone(),
+        );
+        registry.register(
             "secure_rdma_rdma_setups",
             "RDMA setups of sessions and lanes, by path (warm: resources made ahead by the warm pool were taken; cold: the setup made its own; shared: it made its own on the shared receive queue)",
             self.rdma_setups.clone(),
@@ -718,6 +737,20 @@ impl ServerMetrics {
     /// RDMA setups so far by `path` (`"warm"`, `"cold"` or `"shared"`).
     pub fn rdma_setups(&self, path: &'static str) -> u64 {
         self.rdma_setups.get_or_create(&PathLabels { path }).get()
+    }
+
+    /// Counts one write region asked for, by `outcome` (one of [`WRITE_REGION_OUTCOMES`]).
+    pub fn write_region(&self, outcome: &'static str) {
+        self.write_regions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Write regions asked for so far that had `outcome`.
+    pub fn write_regions(&self, outcome: &'static str) -> u64 {
+        self.write_regions
+            .get_or_create(&OutcomeLabels { outcome })
+            .get()
     }
 
     /// Counts one lane refused, by `reason` (one of [`LANE_REFUSALS`]).

@@ -122,6 +122,13 @@ impl Lab {
         self.datapath_events().unwrap_or_default()
     }
 
+    /// The value of `series` on the server's metrics endpoint (0 while it is not exported).
+    fn sample(&self, series: &str) -> f64 {
+        scrape(&self.metrics)
+            .and_then(|page| secure_rdma_tests::secure::sample(&page, series))
+            .unwrap_or(0.0)
+    }
+
     /// Quits the client and connects a new one (a new session, a new stream).
     fn new_client(&mut self) {
         let victim = Victim::secure_client(
@@ -154,8 +161,18 @@ impl Lab {
 
     /// The contents the server delivered as WRITEs, in order.
     fn writes(&self) -> Vec<String> {
+        self.delivered("WRITE landed")
+    }
+
+    /// The contents the server delivered as SENDs, in order.
+    fn sends(&self) -> Vec<String> {
+        self.delivered("SEND received")
+    }
+
+    /// The contents of the server's `kind` deliveries ("WRITE landed", "SEND received").
+    fn delivered(&self, kind: &str) -> Vec<String> {
         self.server
-            .delivered("WRITE landed")
+            .delivered(kind)
             .into_iter()
             .map(|(_, _, c)| c)
             .collect()
@@ -637,16 +654,14 @@ fn the_write_region_is_made_when_the_client_first_writes_and_not_before() {
     assert_eq!(regions(&lab.server), 3);
     let grants = lab.server.events("write region granted");
     assert_eq!(grants.len(), 1, "one grant for the session: {grants:?}");
-    // The rkey the server logged is the one the client wrote with: its window's.
+    assert_eq!(
+        lab.sample("secure_rdma_write_regions_total{outcome=\"granted\"}"),
+        1.0
+    );
+    // The grant named the region's rkey (logged at debug only: it helps an attacker aim).
     assert!(grants[0]["rkey"].is_u64(), "{grants:?}");
     assert_eq!(lab.writes(), ["the first write", "and again"]);
-    let sends: Vec<String> = lab
-        .server
-        .delivered("SEND received")
-        .into_iter()
-        .map(|(_, _, c)| c)
-        .collect();
-    assert_eq!(sends, ["before any write"], "{}", lab.context());
+    assert_eq!(lab.sends(), ["before any write"], "{}", lab.context());
     assert!(lab.victim.quit_ok());
 
     // Made at setup, an idle session holds it from the start.
@@ -692,14 +707,16 @@ fn a_write_region_the_quota_refuses_is_refused_alone_and_the_session_goes_on_sen
         "server acknowledged send #2: 3 bytes"
     );
     assert_eq!(regions(&lab.server), 2);
-    let sends: Vec<String> = lab
-        .server
-        .delivered("SEND received")
-        .into_iter()
-        .map(|(_, _, c)| c)
-        .collect();
-    assert_eq!(sends, ["one", "two"], "{}", lab.context());
+    assert_eq!(lab.sends(), ["one", "two"], "{}", lab.context());
     assert!(lab.writes().is_empty(), "{}", lab.context());
+    assert_eq!(
+        lab.sample("secure_rdma_write_regions_total{outcome=\"quota\"}"),
+        1.0
+    );
+    assert_eq!(
+        lab.sample("secure_rdma_write_regions_total{outcome=\"granted\"}"),
+        0.0
+    );
     let status = lab.victim.quit_status();
     assert_eq!(status.code(), Some(3), "{status}");
 

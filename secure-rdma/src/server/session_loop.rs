@@ -82,6 +82,7 @@ async fn grant_writes(
     tenant: Option<&crate::quota::TenantQuota>,
     admitted: &mut Option<SessionAdmission>,
     identity: &str,
+    metrics: &ServerMetrics,
 ) -> Result<Message, SessionError> {
     let unmade = session.wiring().local.buffer.is_none();
     if let (true, None, Some(tenant)) = (unmade, admitted.as_ref(), tenant) {
@@ -89,6 +90,7 @@ async fn grant_writes(
             Ok(a) => *admitted = Some(a),
             Err(refusal) => {
                 tracing::warn!(client = %identity, "INTERCEPTED: {refusal}");
+                metrics.write_region("quota");
                 return Ok(Message::WriteReject {
                     reason: RejectReason::Quota {
                         detail: refusal.to_string(),
@@ -101,10 +103,12 @@ async fn grant_writes(
         Ok(buffer) => {
             // rkeys and addresses help an attacker aim (ReDMArk): debug only.
             tracing::debug!(client = %identity, rkey = buffer.rkey, len = buffer.len, "write region granted");
+            metrics.write_region("granted");
             Ok(Message::WriteGrant { buffer })
         }
         Err(OpenWritesError::Refused(e)) => {
             tracing::warn!(client = %identity, error = %e, "no write region for the client; its session goes on");
+            metrics.write_region("unavailable");
             // Nothing was made: nothing stays counted.
             if unmade {
                 *admitted = None;
@@ -409,7 +413,7 @@ pub(super) async fn serve_session(
                 }
                 Ok(SessionRequest::WriteOpen) => {
                     idle.touch();
-                    let answer = match Box::pin(grant_writes(&mut session, &session_cfg, held.tenant(), &mut writes_admitted, &identity)).await {
+                    let answer = match Box::pin(grant_writes(&mut session, &session_cfg, held.tenant(), &mut writes_admitted, &identity, metrics)).await {
                         Ok(answer) => answer,
                         Err(e) => break datapath_failure(metrics, &identity, &e),
                     };
