@@ -75,6 +75,13 @@ def main() -> int:
     # floor no rdma_cm connection pays).
     rdma = None if None in phase.values() else phase["admission"] + phase["rdma_setup"] + phase["confirmation"]
     lines.append(f"| secure-rdma without TCP + TLS (admission, RDMA setup, confirmation) | {fmt(rdma)} | {ratio(rdma, cm)} |")
+    # The same connections on a server that makes each session's write region with it.
+    at_setup = med("secure-rdma", "connect:writes_at_setup", 0, "protected", "per_connection_us")
+    at_setup_rdma = med("secure-rdma", "connect:writes_at_setup_after_tls", 0, "protected", "per_connection_us")
+    cold_rdma = med("secure-rdma", "connect:cold_after_tls", 0, "protected", "per_connection_us")
+    if at_setup is not None:
+        lines.append(f"| secure-rdma, each session's write region made with it (`--writes-at-setup`) | {fmt(at_setup)} | {ratio(at_setup, cm)} |")
+        lines.append(f"| &nbsp;&nbsp;of which everything after TCP + TLS (on demand, the default: {fmt(cold_rdma)}) | {fmt(at_setup_rdma)} | {ratio(at_setup_rdma, cm)} |")
     first = med("secure-rdma", "connect:first", 0, "protected", "per_connection_us")
     lines.append(f"| secure-rdma's first connection (device opened, full TLS handshake; not in the mean) | {fmt(first)} | |")
     # An extra lane on a live session (bench connect --lanes 4): no TCP, TLS or admission.

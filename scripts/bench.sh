@@ -8,7 +8,9 @@
 #   setup      cmtime -c N (rdma_cm, in-process)  vs  secure-client bench connect -n N
 #              (per connection, and connections per second: ours also with 4 clients
 #              in flight at once, cold and warm; cmtime issues each step for all N at
-#              once, and Debian's cmtime (rdma-core 44) has no threads of its own)
+#              once, and Debian's cmtime (rdma-core 44) has no threads of its own; ours
+#              also against a server with --writes-at-setup, what a write region made
+#              with every session costs its setup)
 #   process    rping -c -C 1 (a process: rdma_cm connect + 1 ping)  vs  secure-client
 #              -e 'send ping' -e quit (a process: TLS, RDMA setup, 1 send acknowledged)
 #   latency    ib_send_lat / ib_write_lat -s SIZE  vs  bench send / bench write -s SIZE
@@ -240,10 +242,17 @@ BW=$!
 "$BIN/secure-server" --listen 10.77.0.1:4803 --certs "$WORK/pki" --max-clients 16 \
     --warm-pool 8 >"$WORK/warm-server.log" 2>&1 &
 WS=$!
+# The connection server's defaults, but each session's write region made with the session
+# (--writes-at-setup), as before regions were made when a client first WRITEs: what the region
+# costs a session's setup, beside the same connections on the default server.
+"$BIN/secure-server" --listen 10.77.0.1:4806 --certs "$WORK/pki" --max-clients 16 \
+    --writes-at-setup >"$WORK/at-setup-server.log" 2>&1 &
+AS=$!
 listening 4800
 listening 4801
 listening 4802
 listening 4803
+listening 4806
 # Warm the neighbour tables (the first rdma_cm address resolution waits for ARP).
 cmtime_total >/dev/null || true
 
@@ -259,6 +268,9 @@ for r in $(seq "$ROUNDS"); do
         row "$r" secure-rdma "connect:$phase" 0 protected per_connection_us "$(jq ".phases_us.$phase.mean" <<<"$j")" us
     done
     row "$r" secure-rdma connect:first 0 protected per_connection_us "$(jq .first_connection_us <<<"$j")" us
+    j=$("${CLIENT[@]/4800/4806}" bench connect -n "$CONNS" --json)
+    row "$r" secure-rdma connect:writes_at_setup 0 protected per_connection_us "$(jq .per_connection_us.mean <<<"$j")" us
+    row "$r" secure-rdma connect:writes_at_setup_after_tls 0 protected per_connection_us "$(jq .after_tls_us.mean <<<"$j")" us
     # Connections per second. cmtime issues each step for all of its N connections at once,
     # so N over its steps' time is already a concurrent rate; ours one at a time, then CONC
     # clients in flight at once (cold, and on the warm path).
@@ -341,6 +353,7 @@ done
 kill -INT $SERVER; wait $SERVER || true
 kill -INT $BW; wait $BW || true
 kill -INT $WS; wait $WS || true
+kill -INT $AS; wait $AS || true
 kill $RPING 2>/dev/null; wait $RPING 2>/dev/null || true
 
 # hold OP PORT SERVER_PID [CLIENT_FLAG...]: bench hold -n HOLD against the server on PORT, rows

@@ -315,6 +315,26 @@ fn a_hold_on_the_shared_queue_gets_its_own_row_and_the_goal_takes_the_better_ser
     );
 }
 
+/// The setup rows of a server that makes each session's write region with it, beside cmtime
+/// and beside the same connections on the default server, where it waits for the first WRITE.
+#[test]
+fn setup_with_write_regions_at_setup_is_set_beside_the_on_demand_default() {
+    let t = table(
+        &(rows(800.0)
+            + "1,cmtime,connect,0,none,per_connection_us,2650,us\n\
+               1,secure-rdma,connect,0,protected,per_connection_us,12000,us\n\
+               1,secure-rdma,connect:cold_after_tls,0,protected,per_connection_us,5000,us\n\
+               1,secure-rdma,connect:writes_at_setup,0,protected,per_connection_us,13250,us\n\
+               1,secure-rdma,connect:writes_at_setup_after_tls,0,protected,per_connection_us,6625,us\n"),
+    );
+    for line in [
+        "| secure-rdma, each session's write region made with it (`--writes-at-setup`) | 13,250.0 | 5.00x |",
+        "| &nbsp;&nbsp;of which everything after TCP + TLS (on demand, the default: 5,000.0) | 6,625.0 | 2.50x |",
+    ] {
+        assert!(t.contains(line), "{line} missing from:\n{t}");
+    }
+}
+
 /// `--hold-writes both`: the shared hold once more on a server that makes each session's write
 /// region with it, in a row of its own beside the on-demand one; the goal takes the better.
 #[test]
