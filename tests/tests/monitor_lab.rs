@@ -204,9 +204,10 @@ fn secure_server_with_k_clients_is_counted_by_the_monitor_and_by_its_own_telemet
     for h in &held {
         h.wait_connected();
     }
-    // Per session each side makes 1 PD, 2 CQs and 1 QP; the server 3 MRs (send, receive, and
-    // the one the client may write into), the client 2 (it exposes no memory).
-    const MRS: i64 = 3 + 2;
+    // Per session each side makes 1 PD, 2 CQs and 1 QP, and 2 MRs (its send and receive
+    // slots): the server's write region waits for a client's first WRITE, and these clients
+    // only connect; the client exposes no memory at all.
+    const MRS: i64 = 2 + 2;
     let want: BTreeMap<&str, i64> = [("QP", 2), ("PD", 2), ("CQ", 4), ("MR", MRS)]
         .into_iter()
         .map(|(r, n)| (r, K as i64 * n))
