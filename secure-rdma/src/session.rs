@@ -279,7 +279,8 @@ impl SessionConfig {
 
     /// Admits, against `quota`, every control-path call [`Session::establish`]
     /// makes, before any of them reaches the kernel: one QP and its three state
-    /// transitions, one PD, two CQs and three MRs with their sizes.
+    /// transitions, one PD, two CQs and its MRs with their sizes (send, receive and, unless it
+    /// waits for the peer to ask, [`SessionConfig::writes_on_demand`], write slots).
     ///
     /// All or nothing: on a refusal the calls admitted so far are released, so
     /// a refused client leaves no count behind and no half-built session. Keep
@@ -303,7 +304,8 @@ impl SessionConfig {
     }
 
     /// [`SessionConfig::admit`] for a session on a server's shared receive queue
-    /// ([`Resources::on_shared`]): it makes two memory regions (send and write slots), and no
+    /// ([`Resources::on_shared`]): it makes its send slots' region and its write region (unless
+    /// made on demand, [`SessionConfig::admit_writes`]), and no
     /// PD or CQ; the queue's PD, SRQ, CQs and receive slots are the server's, counted against
     /// no tenant, as a warm pool's are until taken.
     ///
