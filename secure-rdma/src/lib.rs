@@ -81,6 +81,8 @@ pub mod session;
 pub mod setup_watch;
 pub mod shared_queue;
 pub mod slots;
+#[cfg(test)]
+mod test_alloc;
 pub mod tls;
 pub mod verbs;
 pub mod warm;

@@ -230,8 +230,15 @@ async fn serve(
             // Admission boxed, and its outcome too (see above): a step taken once, whose
             // state is not to be carried across the session.
             let admitted = {
-                let admitted =
-                    Box::pin(admit(*chan, identity, local_ip, peer.ip(), &shared, &stop)).await;
+                let admitted = Box::pin(admit(
+                    super::unbox(chan),
+                    identity,
+                    local_ip,
+                    peer.ip(),
+                    &shared,
+                    &stop,
+                ))
+                .await;
                 // Admitted or not, this connection is no longer pending.
                 drop(pending);
                 match admitted {

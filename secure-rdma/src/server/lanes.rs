@@ -296,7 +296,7 @@ impl<'a> LaneContext<'a> {
         // the lane's life (see the connection's task in `accept`).
         let mut session = {
             let confirmed = tokio::select! {
-                c = tokio::time::timeout(timeout * 2, Box::pin((*unconfirmed).confirm(Confirm::Second))) => c,
+                c = tokio::time::timeout(timeout * 2, Box::pin(super::unbox(unconfirmed).confirm(Confirm::Second))) => c,
                 _ = ending.changed() => return "the session ended before the lane was confirmed".into(),
             };
             match confirmed {

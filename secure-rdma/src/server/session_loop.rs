@@ -149,7 +149,7 @@ pub(super) async fn serve_session(
         lane_closed,
         cipher,
         rekey,
-    } = *admitted;
+    } = super::unbox(admitted);
     // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
     // stopped reading.
     let courtesy = cfg.limits.write_timeout.min(Duration::from_secs(2));
