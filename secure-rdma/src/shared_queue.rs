@@ -129,6 +129,30 @@ impl Mailbox {
         self.ready.notify_one();
     }
 
+    /// Puts `delivery` in, unless it is a message beyond `credit` waiting: then the queue pair
+    /// is cut off instead (its session hears [`InboxError::OverCredit`], and
+    /// [`Inbox::cut_off`] resolves) and `false` comes back. One lock for the check and the
+    /// push, as each message passes here.
+    fn offer(&self, delivery: Delivery, credit: usize) -> bool {
+        let mut state = self.lock();
+        let over = delivery.is_ok() && state.waiting >= credit;
+        if over {
+            state
+                .queue
+                .push_back(Err(InboxError::OverCredit { credit }));
+            state.cut = true;
+        } else {
+            state.waiting += usize::from(delivery.is_ok());
+            state.queue.push_back(delivery);
+        }
+        drop(state);
+        self.ready.notify_one();
+        if over {
+            self.cut.notify_waiters();
+        }
+        !over
+    }
+
     /// The next delivery, if one is there; `Err(())` once none is and none will come.
     fn try_take(&self) -> Result<Option<Delivery>, ()> {
         let mut state = self.lock();
@@ -140,11 +164,6 @@ impl Mailbox {
             None if state.closed => Err(()),
             None => Ok(None),
         }
-    }
-
-    fn cut_off(&self) {
-        self.lock().cut = true;
-        self.cut.notify_waiters();
     }
 }
 
@@ -195,20 +214,15 @@ impl Routes {
             );
             return;
         };
-        if delivery.is_ok() && route.mailbox.lock().waiting >= route.credit {
-            let credit = route.credit;
+        if !route.mailbox.offer(delivery, route.credit) {
             self.counters.over_credit.inc();
             tracing::warn!(
                 qpn,
-                credit,
+                credit = route.credit,
                 "a peer sent beyond its credit; its queue pair is cut off"
             );
-            route.mailbox.push(Err(InboxError::OverCredit { credit }));
-            route.mailbox.cut_off();
             routes.remove(&qpn);
-            return;
         }
-        route.mailbox.push(delivery);
     }
 }
 
@@ -1054,11 +1068,7 @@ mod tests {
         let routes = Arc::new(Routes::default());
         // The routes' table grows as queue pairs attach: made big enough first, so that what
         // is weighed is the queue pairs' own.
-        let table = inbox(&routes, 0x10, 16);
-        {
-            let mut grown = routes.lock();
-            grown.reserve(N as usize * 2);
-        }
+        routes.lock().reserve(N as usize * 2);
         // One pump's request channel for all, as a shared queue's sessions share theirs.
         let (requests, _pump) = mpsc::unbounded_channel();
         let (bytes, inboxes) = crate::test_alloc::held_by(|| {
@@ -1086,8 +1096,8 @@ mod tests {
             per <= 512.0,
             "{per:.0} bytes per queue pair beside its Inbox"
         );
-        assert_eq!(routes.lock().len(), N as usize + 1);
-        drop((inboxes, table));
+        assert_eq!(routes.lock().len(), N as usize);
+        drop(inboxes);
         assert_eq!(routes.lock().len(), 0);
     }
 
