@@ -795,6 +795,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn secrets_exported_before_the_cipher_is_chosen_make_the_same_keys_for_either_cipher() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::certs::init(dir.path(), &["localhost".to_owned()]).unwrap();
+        crate::certs::issue_client(dir.path(), "alice").unwrap();
+        let (c, s) = session(dir.path()).await;
+        let (c, s) = (c.get_ref().1, s.get_ref().1);
+        for cipher in [Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305] {
+            // The client's, exported while its hello travels; the server's as it always was.
+            let early =
+                crate::protect::ProtectionSecrets::from_tls_lane(c, Side::Client, 0).unwrap();
+            let mut client = early.protection(cipher);
+            let mut server = Protection::from_tls(s, Side::Server, cipher).unwrap();
+            let mut msg = seal(&mut client, b"sealed early");
+            assert_eq!(
+                server.opener.open(Op::Send, &mut msg).unwrap(),
+                b"sealed early",
+                "{cipher}"
+            );
+            // And the other way, after a rotation: the ratchet each direction rotates from
+            // came early too (the opener follows the epoch of the header).
+            server.sealer.rotate();
+            let mut back = seal(&mut server, b"after a rotation");
+            assert_eq!(
+                client.opener.open(Op::Send, &mut back).unwrap(),
+                b"after a rotation",
+                "{cipher}"
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn payload_keys_pair_up_differ_per_direction_and_per_session() {
         let dir = tempfile::tempdir().unwrap();
         crate::certs::init(dir.path(), &["localhost".to_owned()]).unwrap();
