@@ -191,9 +191,6 @@ pub struct ConnectReport {
     pub first_connection_us: f64,
     /// How many of the N resumed a TLS session.
     pub tls_resumed: usize,
-    /// How many of the N set up their QP in order (`--setup ordered`, the default, and the
-    /// server agreeing); the others took the symmetric steps.
-    pub ordered_setups: usize,
     /// Whole connection, TCP connect to confirmed.
     pub per_connection_us: Summary,
     /// Each phase of it.
@@ -261,7 +258,7 @@ pub struct PhaseSummaries {
     pub admission: Summary,
     /// Device, PD, CQs, MRs, QP, endpoints exchanged, RTS.
     pub rdma_setup: Summary,
-    /// Tokens over RDMA (and, in the symmetric steps, the confirmations over TLS).
+    /// Tokens over RDMA and confirmations over TLS.
     pub confirmation: Summary,
 }
 
@@ -541,7 +538,7 @@ async fn connect(
     let total = started.elapsed();
     let mut whole = Vec::with_capacity(n);
     let mut phases: [Vec<f64>; 4] = Default::default();
-    let (mut tls_resumed, mut ordered_setups) = (0, 0);
+    let mut tls_resumed = 0;
     let mut lane_samples: [Vec<f64>; 5] = Default::default();
     let mut after_tls = Vec::with_capacity(n);
     let (mut warm_connections, mut warm_lanes) = (0, 0);
@@ -557,7 +554,6 @@ async fn connect(
             lane_samples[4].push(us(l.answer));
         }
         tls_resumed += usize::from(p.tls_resumed);
-        ordered_setups += usize::from(p.ordered);
         whole.push(us(w));
         phases[0].push(us(p.tcp_tls));
         phases[1].push(us(p.admission));
@@ -570,7 +566,6 @@ async fn connect(
         concurrency,
         first_connection_us,
         tls_resumed,
-        ordered_setups,
         per_connection_us: Summary::of(&whole),
         phases_us: PhaseSummaries {
             tcp_tls: Summary::of(&phases[0]),

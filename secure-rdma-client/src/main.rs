@@ -161,25 +161,8 @@ struct Cli {
     /// walks every port it gave out on each new connection [default: the kernel chooses]
     #[arg(long, value_name = "LOW-HIGH", value_parser = parse_port_range)]
     source_ports: Option<std::ops::RangeInclusive<u16>>,
-    /// How the session's first QP is set up over TLS: in order, as a lane opens (our endpoint,
-    /// the server's once its QP is in RTS, the tokens over RDMA one after the other: one TLS
-    /// and one RDMA round trip after the accept), or in the symmetric steps of earlier releases
-    /// (both endpoints, both ready, both tokens at once, both confirmed: three TLS round trips
-    /// and one RDMA), to compare them. A server of an earlier release takes the symmetric
-    /// steps whatever this says
-    #[arg(long, value_enum, default_value_t = Setup::Ordered)]
-    setup: Setup,
     #[command(subcommand)]
     command: Option<Command>,
-}
-
-/// How the session's first QP is set up ([`ClientConfig::ordered_setup`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Setup {
-    /// The client's endpoint, the server's (its QP in RTS), the client's token, the server's
-    Ordered,
-    /// Both endpoints, both ready, both tokens at once, both confirmed (earlier releases)
-    Symmetric,
 }
 
 /// `LOW-HIGH`, two ports with LOW <= HIGH, for --source-ports.
@@ -283,8 +266,7 @@ async fn run(cli: Cli) -> i32 {
         .with_lanes(cli.lanes as usize)
         .with_warm_pool(cli.warm_pool as usize)
         .with_shared_receive_queue(cli.shared_receive_queue as usize)
-        .with_source_ports(cli.source_ports.clone())
-        .with_ordered_setup(cli.setup == Setup::Ordered);
+        .with_source_ports(cli.source_ports.clone());
     let cfg = match identity {
         Some((cert, key)) => cfg.with_identity(cert, key),
         None => cfg,
@@ -767,7 +749,6 @@ mod tests {
             concurrency: 1,
             first_connection_us: 9.0,
             tls_resumed: 2,
-            ordered_setups: 2,
             per_connection_us: s,
             phases_us: bench::PhaseSummaries {
                 tcp_tls: s,

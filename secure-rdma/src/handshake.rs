@@ -26,13 +26,6 @@
 //!    registered and bound only now) or [`Message::WriteReject`]. Until then the server's
 //!    endpoint carries no buffer: an idle session holds no memory its peer can write.
 //!
-//! With [`ORDERED_SETUP`] agreed (the accept's `ordered_setup`), steps 3 to 5 take one TLS
-//! round trip and one RDMA round trip, as a lane's opening does, instead of three TLS round
-//! trips and one RDMA: the client's endpoint first; the server brings its QP to RTS and only
-//! then answers with its endpoint; the client brings its own to RTS and SENDs its token first,
-//! the server its own once it has checked the client's. No `ready`, no `confirmed`: each end's
-//! QP is known to be in RTS by what came before (the server's endpoint, the client's token).
-//!
 //! This module is the setup: the framing, the one JSON enum of the control
 //! channel ([`Message`], whose step-6 variants carry the records of
 //! [`crate::datapath`]) and the receivers of steps 1–5. The receivers of
@@ -279,15 +272,6 @@ pub const CAPABILITIES: [&str; 6] = [
     WRITE_ON_DEMAND,
 ];
 
-/// The capability of a client that sets up its first QP in order, as a lane opens (listed
-/// unless the client is told to speak the symmetric steps, `ClientConfig::with_ordered_setup`): its
-/// endpoint, the server's (its QP already in RTS), the client's token over RDMA, then the
-/// server's. A server that agrees says so in its accept ([`Accepted::ordered_setup`]); a server
-/// of an earlier release says nothing, and both ends follow the symmetric steps 3 to 5 (both
-/// endpoints, both `ready`, both tokens at once, both `confirmed`). The two TLS round trips
-/// saved are a new session's whole RDMA setup beside the QP's own transitions.
-pub const ORDERED_SETUP: &str = "ordered-setup";
-
 /// The capability of a client that follows and applies key rotation: the
 /// server rotates the payload keys of its session by its policy, announced
 /// in [`Message::Accept`]'s `rekey`. A client without it (an earlier release)
@@ -450,11 +434,6 @@ pub enum Message {
         /// ([`Message::WriteOpen`]). Absent: the region comes with the endpoint.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         writes_on_demand: bool,
-        /// When the client listed [`ORDERED_SETUP`] and the server agrees: steps 3 to 5 in
-        /// order (the client's endpoint, the server's, the client's token, the server's).
-        /// Absent: the symmetric steps.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        ordered_setup: bool,
     },
     /// The server refuses the client.
     Reject {
@@ -684,8 +663,6 @@ pub struct Accepted {
     /// The server grants its write region when the client first asks
     /// ([`WRITE_ON_DEMAND`]); `false`: it comes with the server's endpoint.
     pub writes_on_demand: bool,
-    /// Steps 3 to 5 in order ([`ORDERED_SETUP`]); `false`: the symmetric steps.
-    pub ordered_setup: bool,
 }
 
 /// A framed control channel over any byte stream (a TLS stream in the
@@ -800,7 +777,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 rekey,
                 lanes,
                 writes_on_demand,
-                ordered_setup,
             } => Ok(Verdict::Accepted(Accepted {
                 buffer_size,
                 identity,
@@ -810,7 +786,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 rekey,
                 lanes,
                 writes_on_demand,
-                ordered_setup,
             })),
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
@@ -1142,7 +1117,6 @@ mod tests {
             rekey: None,
             lanes: None,
             writes_on_demand: false,
-            ordered_setup: false,
         })
         .unwrap();
         assert_eq!(
@@ -1170,7 +1144,6 @@ mod tests {
             rekey: Some(policy),
             lanes: None,
             writes_on_demand: false,
-            ordered_setup: false,
         };
         let json = serde_json::to_string(&accept).unwrap();
         assert!(
@@ -1201,52 +1174,6 @@ mod tests {
         assert!(matches!(old, Message::Accept { rekey: None, .. }));
         let partial: RekeyPolicy = serde_json::from_str(r#"{"messages":5}"#).unwrap();
         assert_eq!(partial, RekeyPolicy::off().with_messages(5));
-    }
-
-    #[test]
-    fn the_ordered_setup_is_agreed_in_the_accept_and_absent_means_the_symmetric_steps() {
-        let accept = Message::Accept {
-            buffer_size: 64,
-            identity: "a".into(),
-            cipher: None,
-            rdma_window: None,
-            resume: Resume::New,
-            rekey: None,
-            lanes: None,
-            writes_on_demand: false,
-            ordered_setup: true,
-        };
-        let json = serde_json::to_string(&accept).unwrap();
-        assert!(json.ends_with(r#","ordered_setup":true}"#), "{json}");
-        let (a, b) = tokio::io::duplex(1 << 16);
-        let (mut server, mut client) = (Channel::new(a), Channel::new(b));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let verdict = rt.block_on(async {
-            server.send(&accept).await.unwrap();
-            client.expect_verdict().await.unwrap()
-        });
-        assert!(matches!(
-            verdict,
-            Verdict::Accepted(Accepted {
-                ordered_setup: true,
-                ..
-            })
-        ));
-        // A server of an earlier release says nothing: the symmetric steps.
-        let old: Message = serde_json::from_str(
-            r#"{"type":"accept","buffer_size":64,"identity":"a","cipher":null}"#,
-        )
-        .unwrap();
-        assert!(matches!(
-            old,
-            Message::Accept {
-                ordered_setup: false,
-                ..
-            }
-        ));
     }
 
     #[test]

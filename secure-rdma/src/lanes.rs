@@ -687,7 +687,6 @@ mod tests {
             rekey: None,
             lanes: Some(8),
             writes_on_demand: false,
-            ordered_setup: false,
         })
         .unwrap();
         assert!(

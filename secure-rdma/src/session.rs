@@ -623,51 +623,6 @@ impl Session {
         Ok(session)
     }
 
-    /// [`Session::establish_prepared`] in order, when both ends agreed
-    /// [`ORDERED_SETUP`](crate::handshake::ORDERED_SETUP) (the accept's `ordered_setup`), as a
-    /// lane opens: the client's endpoint; the server's, sent once its QP is in RTR; the client's
-    /// token over RDMA once its own is; then the server's, once it has checked the client's.
-    /// One TLS round trip and one RDMA round trip, where the symmetric steps take three TLS
-    /// round trips (endpoints, `ready`, `confirmed`) and one RDMA. `side` is this end's.
-    pub async fn establish_ordered<S: AsyncRead + AsyncWrite + Unpin>(
-        chan: &mut Channel<S>,
-        prepared: Prepared,
-        side: crate::protect::Side,
-    ) -> Result<Session, SessionError> {
-        use crate::protect::Side;
-        let timeout = prepared.config.timeout;
-        let (unconfirmed, how) = match side {
-            Side::Client => {
-                chan.send(&Message::Endpoint {
-                    endpoint: prepared.local(),
-                })
-                .await?;
-                let remote =
-                    within(timeout, "the server's endpoint", chan.expect_endpoint()).await?;
-                // The server's QP was in RTS before its endpoint left: our token may go at once.
-                (prepared.connect(remote).await?, Confirm::First)
-            }
-            Side::Server => {
-                let remote =
-                    within(timeout, "the client's endpoint", chan.expect_endpoint()).await?;
-                let endpoint = prepared.local();
-                // Announced once the QP is in RTR, not before: a token that reached a QP in
-                // INIT would be dropped, and the client's retransmission waits out rxe's ACK
-                // timeout (tens of milliseconds). Our RTS follows while it travels; our token
-                // goes only after the client's has arrived.
-                let announce = async {
-                    chan.send(&Message::Endpoint { endpoint }).await?;
-                    Ok(())
-                };
-                (
-                    prepared.connect_with(remote, announce).await?,
-                    Confirm::Second,
-                )
-            }
-        };
-        unconfirmed.confirm(how).await
-    }
-
     /// How long setting up and confirming this session took.
     pub fn timing(&self) -> EstablishTiming {
         self.timing
@@ -1439,19 +1394,6 @@ impl Prepared {
     /// carries the TLS peer's address, and binds the memory window: nothing may land before
     /// the peer hears we are ready. The tokens are exchanged next ([`Unconfirmed::confirm`]).
     pub async fn connect(self, remote: Endpoint) -> Result<Unconfirmed, SessionError> {
-        self.connect_with(remote, std::future::ready(Ok(()))).await
-    }
-
-    /// [`Prepared::connect`], awaiting `at_rtr` as soon as the QP is in RTR, before RTS and the
-    /// window's bind: an end that answers second announces itself there, since a QP in RTR
-    /// already takes (and acknowledges) the peer's first SEND, and its RTS then overlaps the
-    /// announcement's journey. Nothing can land on the window before it is bound: an rkey
-    /// used earlier fails the peer's WRITE at the responder.
-    pub async fn connect_with(
-        self,
-        remote: Endpoint,
-        at_rtr: impl std::future::Future<Output = Result<(), SessionError>>,
-    ) -> Result<Unconfirmed, SessionError> {
         let Prepared {
             resources,
             protection,
@@ -1487,7 +1429,6 @@ impl Prepared {
             remote_gid: remote.gid,
             path_mtu: local.mtu.min(remote.mtu),
         })?;
-        at_rtr.await?;
         let mut qp = qp.into_rts(RtsParams { local_psn: psn })?;
         // What the device reports back, for audits: ibv_query_qp is a system call, which costs
         // a quarter of a millisecond of every handshake under emulation, so only when it is

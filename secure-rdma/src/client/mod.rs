@@ -108,13 +108,6 @@ pub struct ClientConfig {
     /// given out on each new connection (one parity of the ephemeral range is full), where
     /// binding a chosen port is one lookup.
     pub source_ports: Option<std::ops::RangeInclusive<u16>>,
-    /// Set up the session's first QP in order, as a lane opens
-    /// ([`ORDERED_SETUP`](crate::handshake::ORDERED_SETUP); the default): one TLS round trip
-    /// and one RDMA round trip after the accept instead of three TLS round trips and one RDMA.
-    /// A server of an earlier release does not agree, and the symmetric steps follow. `false`
-    /// speaks the symmetric steps to any server (to compare them: `secure-client --setup
-    /// symmetric`).
-    pub ordered_setup: bool,
 }
 
 impl ClientConfig {
@@ -140,20 +133,7 @@ impl ClientConfig {
             warm_pool: 0,
             shared_receive_queue: 0,
             source_ports: None,
-            ordered_setup: true,
         }
-    }
-
-    /// Sets [`ClientConfig::ordered_setup`].
-    ///
-    /// ```
-    /// use secure_rdma::client::ClientConfig;
-    /// let cfg = ClientConfig::new("10.77.0.1").with_ordered_setup(false);
-    /// assert!(!cfg.ordered_setup);
-    /// ```
-    pub fn with_ordered_setup(mut self, ordered: bool) -> ClientConfig {
-        self.ordered_setup = ordered;
-        self
     }
 
     /// Sets the lanes opened on connecting ([`ClientConfig::lanes`]; at least 1).
@@ -205,22 +185,6 @@ impl ClientConfig {
     ) -> ClientConfig {
         self.source_ports = ports;
         self
-    }
-
-    /// What the hello lists: [`CAPABILITIES`], and what this configuration asks for.
-    fn capabilities(&self) -> Vec<String> {
-        CAPABILITIES
-            .iter()
-            .copied()
-            .chain(self.wants_rdma_acks().then_some(RDMA_ACKS))
-            .chain(self.wants_rdma_acks().then_some(crate::lanes::LANES))
-            .chain(self.wants_rdma_acks().then_some(crate::lanes::LANE_CLOSED))
-            .chain(
-                self.ordered_setup
-                    .then_some(crate::handshake::ORDERED_SETUP),
-            )
-            .map(str::to_owned)
-            .collect()
     }
 
     /// Whether the hello asks for the streaming data path: asked for, or needed by lanes.
@@ -605,7 +569,7 @@ pub struct Phases {
     pub admission: Duration,
     /// Device and GID, PD, CQs, MRs, QP, endpoints exchanged, QP in RTS.
     pub rdma_setup: Duration,
-    /// Tokens over RDMA (and, in the symmetric steps, the confirmations over TLS).
+    /// Tokens over RDMA and confirmations over TLS.
     pub confirmation: Duration,
     /// The TLS handshake resumed an earlier session of this [`Connector`] (a ticket: no
     /// certificates sent or verified, a fresh ECDHE all the same).
@@ -613,9 +577,6 @@ pub struct Phases {
     /// The RDMA resources were made ahead by the connector's warm pool
     /// ([`ClientConfig::warm_pool`]): only connecting the QP was left.
     pub warm: bool,
-    /// The first QP was set up in order ([`ClientConfig::ordered_setup`], agreed by the
-    /// server); `false`: the symmetric steps.
-    pub ordered: bool,
 }
 
 /// Makes many connections with one configuration: the TLS configuration (certificates read and
@@ -814,7 +775,14 @@ impl Connector {
         let mut chan = Channel::new(tls);
         chan.send(&Message::Hello {
             version: VERSION,
-            capabilities: cfg.capabilities(),
+            capabilities: CAPABILITIES
+                .iter()
+                .copied()
+                .chain(cfg.wants_rdma_acks().then_some(RDMA_ACKS))
+                .chain(cfg.wants_rdma_acks().then_some(crate::lanes::LANES))
+                .chain(cfg.wants_rdma_acks().then_some(crate::lanes::LANE_CLOSED))
+                .map(str::to_owned)
+                .collect(),
             ciphers: cfg.ciphers.clone(),
             stream: Some(hello),
         })
@@ -850,20 +818,11 @@ impl Connector {
             rekey,
             lanes,
             writes_on_demand,
-            ordered_setup,
             ..
         } = match verdict {
             Verdict::Accepted(accepted) => accepted,
             Verdict::Rejected(reason) => return Err(ClientError::Rejected(reason)),
         };
-        if ordered_setup && !cfg.ordered_setup {
-            // The server would wait for our endpoint alone while we wait for its: a server
-            // that does not follow the protocol.
-            return Err(tls_or(HandshakeError::Invalid {
-                field: "ordered_setup",
-                reason: "agreed, but this client did not ask for it".into(),
-            }));
-        }
         let buffer_size = buffer_size as usize;
         // The accept is authenticated by TLS, so a downgrade here is the
         // server's own choice; still, never run unprotected unless asked to.
@@ -949,11 +908,6 @@ impl Connector {
             .provision
             .prepare(&device, &sgid, secrets, session_cfg);
         let established = match prepared {
-            // In order only when agreed (and asked for, checked above): a server that did not
-            // answer so follows the symmetric steps.
-            Ok(prepared) if ordered_setup => {
-                Session::establish_ordered(&mut chan, prepared, Side::Client).await
-            }
             Ok(prepared) => Session::establish_prepared(&mut chan, prepared).await,
             Err(e) => Err(e),
         };
@@ -978,7 +932,6 @@ impl Connector {
             confirmation: timing.confirmation,
             tls_resumed,
             warm: path == crate::warm::Path::Warm,
-            ordered: ordered_setup,
         };
         // Lanes only where we asked and the acknowledgements come over RDMA.
         let lanes = lanes.filter(|_| window.is_some() && cfg.wants_rdma_acks());
@@ -1054,20 +1007,6 @@ fn session_config(
 mod tests {
     use super::*;
     use crate::datapath::AbortReason;
-
-    #[test]
-    fn the_hello_asks_for_the_ordered_setup_unless_told_to_speak_the_symmetric_steps() {
-        let ordered = crate::handshake::ORDERED_SETUP.to_owned();
-        let cfg = ClientConfig::new("10.77.0.1");
-        assert!(cfg.ordered_setup);
-        assert!(cfg.capabilities().contains(&ordered));
-        let symmetric = cfg.clone().with_ordered_setup(false).capabilities();
-        assert!(!symmetric.contains(&ordered));
-        // Nothing else changes with it.
-        let mut rest = cfg.capabilities();
-        rest.retain(|c| *c != ordered);
-        assert_eq!(rest, symmetric);
-    }
 
     #[test]
     fn a_client_session_s_receive_slots_hold_the_server_s_acknowledgements_not_its_buffer() {

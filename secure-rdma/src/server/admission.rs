@@ -226,8 +226,6 @@ pub(super) struct Admitted {
     pub(super) session_cfg: SessionConfig,
     /// Acknowledgements go over RDMA (the client asked for [`RDMA_ACKS`]).
     pub(super) rdma_acks: bool,
-    /// Steps 3 to 5 in order ([`crate::handshake::ORDERED_SETUP`]): the client asked.
-    pub(super) ordered_setup: bool,
     pub(super) held: Held,
     /// The client's operation stream, held for this session.
     pub(super) stream: StreamLease,
@@ -388,10 +386,6 @@ pub(super) async fn admit(
             .iter()
             .any(|c| c == crate::lanes::LANE_CLOSED);
     let writes_on_demand = writes_on_demand(cfg, &hello.capabilities);
-    let ordered_setup = hello
-        .capabilities
-        .iter()
-        .any(|c| c == crate::handshake::ORDERED_SETUP);
     let session_cfg = SessionConfig {
         writes_on_demand,
         ..session_config(cfg, rdma_window, cipher.is_some(), peer_ip)
@@ -437,7 +431,6 @@ pub(super) async fn admit(
         rekey: cipher.map(|_| rekey),
         lanes: lanes.then(|| u32::try_from(cfg.max_lanes_per_identity).unwrap_or(u32::MAX)),
         writes_on_demand,
-        ordered_setup,
     };
     if chan.send(&accept).await.is_err() {
         counts.handshake(HandshakeOutcome::Failed);
@@ -468,7 +461,6 @@ pub(super) async fn admit(
         secrets,
         session_cfg,
         rdma_acks: rdma_window.is_some(),
-        ordered_setup,
         stream,
         lanes,
         lane_closed,

@@ -26,7 +26,6 @@ use crate::datapath::StreamId;
 use crate::datapath::{AbortReason, Ack, AckStatus, Op};
 use crate::handshake::{RejectReason, Resume};
 use crate::lanes::SessionRequest;
-use crate::protect::Side;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 /// What a client that listed [`crate::lanes::LANE_CLOSED`] hears of a lane that ended on its
@@ -144,7 +143,6 @@ pub(super) async fn serve_session(
         secrets,
         session_cfg,
         rdma_acks,
-        ordered_setup,
         held,
         mut stream,
         lanes,
@@ -191,11 +189,9 @@ pub(super) async fn serve_session(
     // (their awaits), so a session held inline had two slots of its size in this future, the
     // result's and the local's (1,952 bytes each).
     let setup = Box::pin(async {
-        match ordered_setup {
-            true => Session::establish_ordered(&mut chan, prepared?, Side::Server).await,
-            false => Session::establish_prepared(&mut chan, prepared?).await,
-        }
-        .map(Box::new)
+        Session::establish_prepared(&mut chan, prepared?)
+            .await
+            .map(Box::new)
     });
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
