@@ -121,12 +121,9 @@ impl Mailbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Puts `delivery` in whatever waits (the pump's stop: no credit bounds an error).
     fn push(&self, delivery: Delivery) {
-        let mut state = self.lock();
-        state.waiting += usize::from(delivery.is_ok());
-        state.queue.push_back(delivery);
-        drop(state);
-        self.ready.notify_one();
+        self.offer(delivery, usize::MAX);
     }
 
     /// Puts `delivery` in, unless it is a message beyond `credit` waiting: then the queue pair
