@@ -93,10 +93,13 @@ def main() -> int:
     warm_tls = med("secure-rdma", "connect:warm_tcp_tls", 0, "protected", "per_connection_us")
     warm_rdma = med("secure-rdma", "connect:warm_after_tls", 0, "protected", "per_connection_us")
     warm_lane = med("secure-rdma", "connect:warm_extra_lane", 0, "protected", "per_connection_us")
+    warm_symmetric = med("secure-rdma", "connect:warm_symmetric_after_tls", 0, "protected", "per_connection_us")
     if warm is not None:
         lines.append(f"| secure-rdma on the warm path (both ends keep 8 sessions' resources ready) | {fmt(warm)} | {ratio(warm, cm)} |")
         lines.append(f"| &nbsp;&nbsp;of which tcp tls | {fmt(warm_tls)} | {ratio(warm_tls, cm)} |")
         lines.append(f"| &nbsp;&nbsp;of which everything after (admission, RDMA setup, confirmation) | {fmt(warm_rdma)} | {ratio(warm_rdma, cm)} |")
+        if warm_symmetric is not None:
+            lines.append(f"| &nbsp;&nbsp;the same without the early endpoint (`--setup symmetric`: endpoints, ready and confirmed over TLS after the accept) | {fmt(warm_symmetric)} | {ratio(warm_symmetric, cm)} |")
         lines.append(f"| secure-rdma, one more lane on the warm path | {fmt(warm_lane)} | {ratio(warm_lane, cm)} |")
     lines.append("")
 

@@ -10,7 +10,8 @@
 #              in flight at once, cold and warm; cmtime issues each step for all N at
 #              once, and Debian's cmtime (rdma-core 44) has no threads of its own; ours
 #              also against a server with --writes-at-setup, what a write region made
-#              with every session costs its setup)
+#              with every session costs its setup; and the warm connections again without
+#              the early endpoint, --setup symmetric)
 #   process    rping -c -C 1 (a process: rdma_cm connect + 1 ping)  vs  secure-client
 #              -e 'send ping' -e quit (a process: TLS, RDMA setup, 1 send acknowledged)
 #   latency    ib_send_lat / ib_write_lat -s SIZE  vs  bench send / bench write -s SIZE
@@ -290,6 +291,11 @@ for r in $(seq "$ROUNDS"); do
     row "$r" secure-rdma connect:warm_tcp_tls 0 protected per_connection_us "$(jq .phases_us.tcp_tls.mean <<<"$j")" us
     row "$r" secure-rdma connect:warm_after_tls 0 protected per_connection_us "$(jq .after_tls_us.mean <<<"$j")" us
     row "$r" secure-rdma connect:warm_connections 0 protected count "$(jq .warm.warm_connections <<<"$j")" n
+    row "$r" secure-rdma connect:warm_early_setups 0 protected count "$(jq .early_setups <<<"$j")" n
+    # The same warm connections without the early endpoint (both endpoints, both ready, both
+    # confirmed over TLS after the accept): what it saves, in the same round.
+    j=$("${CLIENT[@]/4800/4803}" --setup symmetric bench connect -n "$CONNS" --warm --json)
+    row "$r" secure-rdma connect:warm_symmetric_after_tls 0 protected per_connection_us "$(jq .after_tls_us.mean <<<"$j")" us
     # Cold for comparison in the same round: the same command without the pools.
     row "$r" secure-rdma connect:cold_after_tls 0 protected per_connection_us "$(jq .after_tls_us.mean <<<"$COLD")" us
     # Warm lanes: each connection takes four resources (its first QP and three lanes).

@@ -191,6 +191,9 @@ pub struct ConnectReport {
     pub first_connection_us: f64,
     /// How many of the N resumed a TLS session.
     pub tls_resumed: usize,
+    /// How many of the N sent a warm QP's endpoint with their hello and had the server take
+    /// it (`--setup early`, the default, with a warm pool): no TLS message after the accept.
+    pub early_setups: usize,
     /// Whole connection, TCP connect to confirmed.
     pub per_connection_us: Summary,
     /// Each phase of it.
@@ -258,7 +261,7 @@ pub struct PhaseSummaries {
     pub admission: Summary,
     /// Device, PD, CQs, MRs, QP, endpoints exchanged, RTS.
     pub rdma_setup: Summary,
-    /// Tokens over RDMA and confirmations over TLS.
+    /// Tokens over RDMA (and, without the early endpoint, the confirmations over TLS).
     pub confirmation: Summary,
 }
 
@@ -374,6 +377,9 @@ pub struct HoldReport {
     pub delivered: usize,
     /// The lowest-numbered held session that did not deliver, and why.
     pub first_undelivered: Option<String>,
+    /// Held sessions set up with the early endpoint (a warm QP's endpoint in the hello, taken
+    /// by the server: `--warm-pool`, `--setup early`).
+    pub early_setups: usize,
 }
 
 /// This process's resident set size (`VmRSS` in /proc/self/status), 0 if unknown.
@@ -538,7 +544,7 @@ async fn connect(
     let total = started.elapsed();
     let mut whole = Vec::with_capacity(n);
     let mut phases: [Vec<f64>; 4] = Default::default();
-    let mut tls_resumed = 0;
+    let (mut tls_resumed, mut early_setups) = (0, 0);
     let mut lane_samples: [Vec<f64>; 5] = Default::default();
     let mut after_tls = Vec::with_capacity(n);
     let (mut warm_connections, mut warm_lanes) = (0, 0);
@@ -554,6 +560,7 @@ async fn connect(
             lane_samples[4].push(us(l.answer));
         }
         tls_resumed += usize::from(p.tls_resumed);
+        early_setups += usize::from(p.early);
         whole.push(us(w));
         phases[0].push(us(p.tcp_tls));
         phases[1].push(us(p.admission));
@@ -566,6 +573,7 @@ async fn connect(
         concurrency,
         first_connection_us,
         tls_resumed,
+        early_setups,
         per_connection_us: Summary::of(&whole),
         phases_us: PhaseSummaries {
             tcp_tls: Summary::of(&phases[0]),
@@ -699,11 +707,12 @@ async fn hold(
     let rss_before = rss_kib();
     let kinds_before = rss_by_kind();
     let started = Instant::now();
-    let results: Vec<Result<Client, String>> = stream::iter(0..n)
+    let results: Vec<Result<(Client, bool), String>> = stream::iter(0..n)
         .map(|i| async move {
             connector
-                .connect()
+                .connect_timed()
                 .await
+                .map(|(client, phases)| (client, phases.early))
                 .map_err(|e| format!("session {i}: {}", Shown(&e)))
         })
         .buffer_unordered(concurrency)
@@ -712,10 +721,13 @@ async fn hold(
     let setup = started.elapsed();
     let mut clients = Vec::with_capacity(n);
     let mut first_error = None;
-    let mut failed = 0;
+    let (mut failed, mut early_setups) = (0, 0);
     for r in results {
         match r {
-            Ok(c) => clients.push(c),
+            Ok((c, early)) => {
+                early_setups += usize::from(early);
+                clients.push(c);
+            }
             Err(e) => {
                 failed += 1;
                 first_error.get_or_insert(e);
@@ -761,6 +773,7 @@ async fn hold(
         per_session_kib_by_kind,
         delivered,
         first_undelivered,
+        early_setups,
     })
 }
 

@@ -161,8 +161,25 @@ struct Cli {
     /// walks every port it gave out on each new connection [default: the kernel chooses]
     #[arg(long, value_name = "LOW-HIGH", value_parser = parse_port_range)]
     source_ports: Option<std::ops::RangeInclusive<u16>>,
+    /// How the session's first QP is set up: early sends a warm QP's endpoint with the hello
+    /// (with --warm-pool, from the second connection on, for the session the server gave the
+    /// last one), so that the server answers with its own in the accept and nothing more goes
+    /// over TLS before the session is confirmed; symmetric exchanges both endpoints, both
+    /// ready and both confirmed after the accept, as earlier releases do, to compare them. A
+    /// server of an earlier release takes the symmetric steps whatever this says
+    #[arg(long, value_enum, default_value_t = Setup::Early)]
+    setup: Setup,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// How the session's first QP is set up ([`ClientConfig::early_endpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Setup {
+    /// A warm QP's endpoint in the hello, the server's in its accept, the tokens over RDMA
+    Early,
+    /// Both endpoints, both ready, both tokens at once, both confirmed (earlier releases)
+    Symmetric,
 }
 
 /// `LOW-HIGH`, two ports with LOW <= HIGH, for --source-ports.
@@ -266,7 +283,8 @@ async fn run(cli: Cli) -> i32 {
         .with_lanes(cli.lanes as usize)
         .with_warm_pool(cli.warm_pool as usize)
         .with_shared_receive_queue(cli.shared_receive_queue as usize)
-        .with_source_ports(cli.source_ports.clone());
+        .with_source_ports(cli.source_ports.clone())
+        .with_early_endpoint(cli.setup == Setup::Early);
     let cfg = match identity {
         Some((cert, key)) => cfg.with_identity(cert, key),
         None => cfg,
@@ -749,6 +767,7 @@ mod tests {
             concurrency: 1,
             first_connection_us: 9.0,
             tls_resumed: 2,
+            early_setups: 2,
             per_connection_us: s,
             phases_us: bench::PhaseSummaries {
                 tcp_tls: s,
@@ -804,6 +823,7 @@ mod tests {
         assert_eq!(with_lanes["lane_per_connection"], 0.4);
         assert_eq!(connect["first_connection_us"], 9.0);
         assert_eq!(connect["tls_resumed"], 2);
+        assert_eq!(connect["early_setups"], 2);
         for k in ["p50", "p99", "mean"] {
             assert!(connect["per_connection_us"][k].is_number(), "{k}");
         }

@@ -26,6 +26,18 @@
 //!    registered and bound only now) or [`Message::WriteReject`]. Until then the server's
 //!    endpoint carries no buffer: an idle session holds no memory its peer can write.
 //!
+//! **The early endpoint.** A client that has a QP ready before it says hello (from its warm
+//! pool, for the kind of session the server gave it last) sends that QP's endpoint in its
+//! hello ([`EarlyEndpoint`], with the session it was made for). A server whose accept
+//! describes that same session takes its own QP, brings it to RTR toward the client's and
+//! answers with its endpoint inside the accept; its RTS follows while the accept travels.
+//! Steps 3 to 5 then take no TLS message at all: the client brings its QP to RTS and SENDs its
+//! token first, the server checks it and SENDs its own ([`crate::session::Confirm`]). No
+//! `ready` (each QP is known to be in RTR by what came before it: the server's by its accept,
+//! the client's by its token), no `confirmed` (the server's token answers the client's). A
+//! server that ignores the early endpoint (another session, an earlier release) answers
+//! without one, and the client frees that QP and follows steps 3 to 5.
+//!
 //! This module is the setup: the framing, the one JSON enum of the control
 //! channel ([`Message`], whose step-6 variants carry the records of
 //! [`crate::datapath`]) and the receivers of steps 1–5. The receivers of
@@ -401,6 +413,9 @@ pub enum Message {
         /// only in the hello of an older version, which is refused by version.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stream: Option<StreamHello>,
+        /// A QP the client already has, for the session it names: see [`EarlyEndpoint`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        early: Option<EarlyEndpoint>,
     },
     /// The server admits the client.
     Accept {
@@ -434,6 +449,11 @@ pub enum Message {
         /// ([`Message::WriteOpen`]). Absent: the region comes with the endpoint.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         writes_on_demand: bool,
+        /// The server's endpoint, its QP already in RTR toward the client's early endpoint
+        /// (the hello's [`EarlyEndpoint`]): steps 3 to 5 follow over RDMA alone. Absent: the
+        /// early endpoint was not used (or none was sent), and both ends send theirs (step 3).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        endpoint: Option<Endpoint>,
     },
     /// The server refuses the client.
     Reject {
@@ -618,6 +638,30 @@ impl Message {
     }
 }
 
+/// A client's QP made before its hello, and the session it was made for: the server uses it
+/// only when its accept describes that same session (buffer size, acknowledgement window,
+/// cipher), since the client's slots were sized for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EarlyEndpoint {
+    /// The client's QP, in INIT.
+    pub endpoint: Endpoint,
+    /// The server's buffer size the client's slots were made for.
+    pub buffer_size: u32,
+    /// The acknowledgement window its receive slots were made for (`None`: over TLS).
+    #[serde(default)]
+    pub rdma_window: Option<u32>,
+    /// The payload cipher its keys are for (`None`: in clear).
+    #[serde(default)]
+    pub cipher: Option<Cipher>,
+}
+
+impl EarlyEndpoint {
+    /// Whether a session of these parameters is the one the client's QP was made for.
+    pub fn fits(&self, buffer_size: u32, rdma_window: Option<u32>, cipher: Option<Cipher>) -> bool {
+        (self.buffer_size, self.rdma_window, self.cipher) == (buffer_size, rdma_window, cipher)
+    }
+}
+
 /// The client's opening message, as the server receives it (step 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -630,6 +674,8 @@ pub struct Hello {
     /// The client's operation stream (`None` only from a client of an older
     /// [`VERSION`], which the server refuses by version).
     pub stream: Option<StreamHello>,
+    /// The client's QP made before its hello, checked ([`Endpoint::validate`]).
+    pub early: Option<EarlyEndpoint>,
 }
 
 /// The server's answer to a hello, as the client receives it (step 2).
@@ -663,6 +709,8 @@ pub struct Accepted {
     /// The server grants its write region when the client first asks
     /// ([`WRITE_ON_DEMAND`]); `false`: it comes with the server's endpoint.
     pub writes_on_demand: bool,
+    /// The server's endpoint, when it took the hello's early endpoint (checked).
+    pub endpoint: Option<Endpoint>,
 }
 
 /// A framed control channel over any byte stream (a TLS stream in the
@@ -750,15 +798,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 capabilities,
                 ciphers,
                 stream,
+                early,
             } => {
                 if let Some(s) = &stream {
                     s.validate()?;
+                }
+                if let Some(e) = &early {
+                    e.endpoint.validate()?;
                 }
                 Ok(Hello {
                     version,
                     capabilities,
                     ciphers,
                     stream,
+                    early,
                 })
             }
             other => Err(unexpected(Kind::Hello, &other)),
@@ -777,17 +830,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
                 rekey,
                 lanes,
                 writes_on_demand,
-            } => Ok(Verdict::Accepted(Accepted {
-                buffer_size,
-                identity,
-                cipher,
-                rdma_window,
-                resume,
-                rekey,
-                lanes,
-                writes_on_demand,
-            })),
+                endpoint,
+            } => {
+                if let Some(e) = &endpoint {
+                    e.validate()?;
+                }
+                Ok(Verdict::Accepted(Accepted {
+                    buffer_size,
+                    identity,
+                    cipher,
+                    rdma_window,
+                    resume,
+                    rekey,
+                    lanes,
+                    writes_on_demand,
+                    endpoint,
+                }))
+            }
             Message::Reject { reason } => Ok(Verdict::Rejected(reason)),
+            // After an early endpoint the server sets its QP up before it answers: when that
+            // fails it says why instead.
+            Message::Abort { reason } => Err(HandshakeError::Aborted(reason)),
             other => Err(unexpected(Kind::Accept, &other)),
         }
     }
@@ -875,6 +938,7 @@ mod tests {
             capabilities: vec!["send".into()],
             ciphers: vec![Cipher::Aes256Gcm],
             stream: Some(StreamHello::fresh(StreamId([3; 16]))),
+            early: None,
         };
         a.send(&hello).await.unwrap();
         a.send(&Message::Endpoint {
@@ -1117,6 +1181,7 @@ mod tests {
             rekey: None,
             lanes: None,
             writes_on_demand: false,
+            endpoint: None,
         })
         .unwrap();
         assert_eq!(
@@ -1144,6 +1209,7 @@ mod tests {
             rekey: Some(policy),
             lanes: None,
             writes_on_demand: false,
+            endpoint: None,
         };
         let json = serde_json::to_string(&accept).unwrap();
         assert!(
@@ -1174,6 +1240,101 @@ mod tests {
         assert!(matches!(old, Message::Accept { rekey: None, .. }));
         let partial: RekeyPolicy = serde_json::from_str(r#"{"messages":5}"#).unwrap();
         assert_eq!(partial, RekeyPolicy::off().with_messages(5));
+    }
+
+    #[tokio::test]
+    async fn the_early_endpoint_travels_in_the_hello_and_the_server_s_in_the_accept() {
+        let client_ep = Endpoint {
+            buffer: None,
+            qpn: Qpn::new(0x12).unwrap(),
+            gid: "::ffff:10.77.0.2".parse().unwrap(),
+            ..endpoint()
+        };
+        let early = EarlyEndpoint {
+            endpoint: client_ep,
+            buffer_size: 4096,
+            rdma_window: Some(16),
+            cipher: Some(Cipher::ChaCha20Poly1305),
+        };
+        // Only the session the client's QP was made for.
+        assert!(early.fits(4096, Some(16), Some(Cipher::ChaCha20Poly1305)));
+        assert!(!early.fits(8192, Some(16), Some(Cipher::ChaCha20Poly1305)));
+        assert!(!early.fits(4096, None, Some(Cipher::ChaCha20Poly1305)));
+        assert!(!early.fits(4096, Some(16), Some(Cipher::Aes256Gcm)));
+        assert!(!early.fits(4096, Some(16), None));
+        let hello = Message::Hello {
+            version: VERSION,
+            capabilities: vec![],
+            ciphers: vec![Cipher::ChaCha20Poly1305],
+            stream: Some(StreamHello::fresh(StreamId([1; 16]))),
+            early: Some(early),
+        };
+        let accept = Message::Accept {
+            buffer_size: 4096,
+            identity: "alice".into(),
+            cipher: Some(Cipher::ChaCha20Poly1305),
+            rdma_window: Some(16),
+            resume: Resume::New,
+            rekey: None,
+            lanes: None,
+            writes_on_demand: true,
+            endpoint: Some(endpoint()),
+        };
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (mut client, mut server) = (Channel::new(a), Channel::new(b));
+        client.send(&hello).await.unwrap();
+        assert_eq!(server.expect_hello().await.unwrap().early, Some(early));
+        server.send(&accept).await.unwrap();
+        let Verdict::Accepted(accepted) = client.expect_verdict().await.unwrap() else {
+            panic!("not accepted")
+        };
+        assert_eq!(accepted.endpoint, Some(endpoint()));
+        // Earlier releases: a hello without one, an accept without one (the symmetric steps).
+        let old: Message =
+            serde_json::from_str(r#"{"type":"hello","version":3,"capabilities":[],"ciphers":[]}"#)
+                .unwrap();
+        assert!(matches!(old, Message::Hello { early: None, .. }));
+        let old: Message =
+            serde_json::from_str(r#"{"type":"accept","buffer_size":64,"identity":"a"}"#).unwrap();
+        assert!(matches!(old, Message::Accept { endpoint: None, .. }));
+        let mut without = accept.clone();
+        if let Message::Accept { endpoint, .. } = &mut without {
+            *endpoint = None;
+        }
+        let json = serde_json::to_string(&without).unwrap();
+        assert!(!json.contains("endpoint"), "{json}");
+        // An early endpoint is checked as step 3's is, before the server uses it.
+        let bad = Message::Hello {
+            version: VERSION,
+            capabilities: vec![],
+            ciphers: vec![],
+            stream: Some(StreamHello::fresh(StreamId([1; 16]))),
+            early: Some(EarlyEndpoint {
+                endpoint: Endpoint {
+                    gid: "::ffff:0.0.0.0".parse().unwrap(),
+                    ..client_ep
+                },
+                ..early
+            }),
+        };
+        client.send(&bad).await.unwrap();
+        let e = server.expect_hello().await.unwrap_err();
+        assert!(e.to_string().contains("gid"), "{e}");
+        // A server whose setup failed before its accept says why, as it would later.
+        server
+            .send(&Message::Abort {
+                reason: AbortReason::AuthenticationFailed,
+            })
+            .await
+            .unwrap();
+        let e = client.expect_verdict().await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HandshakeError::Aborted(AbortReason::AuthenticationFailed)
+            ),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1268,6 +1429,7 @@ mod tests {
                 next: 5,
                 sent: 7,
             }),
+            early: None,
         };
         let json = serde_json::to_string(&hello).unwrap();
         assert!(

@@ -687,6 +687,7 @@ mod tests {
             rekey: None,
             lanes: Some(8),
             writes_on_demand: false,
+            endpoint: None,
         })
         .unwrap();
         assert!(

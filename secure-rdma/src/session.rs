@@ -623,6 +623,43 @@ impl Session {
         Ok(session)
     }
 
+    /// The client's end of an early-endpoint setup ([`crate::handshake::EarlyEndpoint`]): the
+    /// server took the endpoint of `prepared` from the hello and answered with its own,
+    /// `remote`, its QP already in RTR. Ours goes to RTS and SENDs its token first; the
+    /// server's token, which it SENDs once it has checked ours, confirms both. No TLS message.
+    pub async fn establish_early_client(
+        prepared: Prepared,
+        remote: Endpoint,
+    ) -> Result<Session, SessionError> {
+        prepared
+            .connect(remote)
+            .await?
+            .confirm(Confirm::First)
+            .await
+    }
+
+    /// The server's end of an early-endpoint setup: `remote` is the client's endpoint from its
+    /// hello. The QP goes to RTR toward it, and only then is `accept` sent (the accept with
+    /// this end's endpoint): a token that reached a QP in INIT would be dropped, and the
+    /// client's retransmission would wait out rxe's ACK timeout (tens of milliseconds). RTS
+    /// follows while the accept travels; our token goes once the client's has been checked.
+    pub async fn establish_early_server<S: AsyncRead + AsyncWrite + Unpin>(
+        chan: &mut Channel<S>,
+        prepared: Prepared,
+        remote: Endpoint,
+        accept: &Message,
+    ) -> Result<Session, SessionError> {
+        let announce = async {
+            chan.send(accept).await?;
+            Ok(())
+        };
+        prepared
+            .connect_with(remote, announce)
+            .await?
+            .confirm(Confirm::Second)
+            .await
+    }
+
     /// How long setting up and confirming this session took.
     pub fn timing(&self) -> EstablishTiming {
         self.timing
@@ -1302,6 +1339,23 @@ impl Resources {
     pub fn is_ready(&self) -> bool {
         matches!(self.qp.query(), Ok(a) if a.state == <crate::verbs::Init as crate::verbs::QpState>::NAME)
     }
+
+    /// What a peer needs to connect to these resources, with `psn` as this end's first PSN
+    /// (drawn for the session alone, whenever its QP was made).
+    pub fn endpoint(&self, psn: Psn) -> Endpoint {
+        let buffer = match (&self.window, &self.data_mr) {
+            (Some(w), Some(mr)) => Some(w.remote(mr)),
+            (None, Some(mr)) => Some(mr.remote()),
+            _ => None,
+        };
+        Endpoint {
+            gid: self.sgid.gid,
+            qpn: self.qp.qpn(),
+            psn,
+            mtu: self.mtu,
+            buffer,
+        }
+    }
 }
 
 impl Prepared {
@@ -1316,7 +1370,8 @@ impl Prepared {
     ) -> Result<Prepared, SessionError> {
         let started = std::time::Instant::now();
         let resources = Resources::new(device, sgid, &config)?;
-        Self::assemble(resources, secrets, config, started)
+        // Drawn for this session alone, whenever its QP was made.
+        Self::assemble(resources, secrets, config, started, Psn::random())
     }
 
     /// This connection's resources on `shared` ([`Resources::on_shared`]) with its secrets
@@ -1329,7 +1384,7 @@ impl Prepared {
     ) -> Result<Prepared, SessionError> {
         let started = std::time::Instant::now();
         let resources = Resources::on_shared(shared, sgid, &config)?;
-        Self::assemble(resources, secrets, config, started)
+        Self::assemble(resources, secrets, config, started, Psn::random())
     }
 
     /// This connection's resources made ahead of time ([`Resources`], from a
@@ -1340,10 +1395,22 @@ impl Prepared {
         secrets: Secrets,
         config: SessionConfig,
     ) -> Result<Prepared, SessionError> {
+        Self::from_resources_announced(resources, Psn::random(), secrets, config)
+    }
+
+    /// [`Prepared::from_resources`] for resources whose endpoint was already announced with
+    /// `psn` as its first PSN ([`Resources::endpoint`]): a client's early endpoint, sent with
+    /// its hello before the TLS session's secrets were derived.
+    pub fn from_resources_announced(
+        resources: Resources,
+        psn: Psn,
+        secrets: Secrets,
+        config: SessionConfig,
+    ) -> Result<Prepared, SessionError> {
         if resources.shape != config.shape() {
             return Err(SessionError::ShapeMismatch);
         }
-        Self::assemble(resources, secrets, config, std::time::Instant::now())
+        Self::assemble(resources, secrets, config, std::time::Instant::now(), psn)
     }
 
     fn assemble(
@@ -1351,24 +1418,13 @@ impl Prepared {
         secrets: Secrets,
         config: SessionConfig,
         started: std::time::Instant,
+        psn: Psn,
     ) -> Result<Prepared, SessionError> {
         let Secrets { tokens, protection } = secrets;
         if config.protected != protection.is_some() {
             return Err(SessionError::ProtectionMismatch);
         }
-        let buffer = match (&resources.window, &resources.data_mr) {
-            (Some(w), Some(mr)) => Some(w.remote(mr)),
-            (None, Some(mr)) => Some(mr.remote()),
-            _ => None,
-        };
-        let local = Endpoint {
-            gid: resources.sgid.gid,
-            qpn: resources.qp.qpn(),
-            // Drawn for this session alone, whenever its QP was made.
-            psn: Psn::random(),
-            mtu: resources.mtu,
-            buffer,
-        };
+        let local = resources.endpoint(psn);
         let shape = resources.shape;
         Ok(Prepared {
             resources,
@@ -1394,6 +1450,19 @@ impl Prepared {
     /// carries the TLS peer's address, and binds the memory window: nothing may land before
     /// the peer hears we are ready. The tokens are exchanged next ([`Unconfirmed::confirm`]).
     pub async fn connect(self, remote: Endpoint) -> Result<Unconfirmed, SessionError> {
+        self.connect_with(remote, std::future::ready(Ok(()))).await
+    }
+
+    /// [`Prepared::connect`], awaiting `at_rtr` as soon as the QP is in RTR, before RTS and the
+    /// window's bind: an end that answers second announces itself there, since a QP in RTR
+    /// already takes (and acknowledges) the peer's first SEND, and its RTS then overlaps the
+    /// announcement's journey. Nothing can land on the window before it is bound: the peer
+    /// WRITEs only after this end's token, which follows the bind.
+    pub async fn connect_with(
+        self,
+        remote: Endpoint,
+        at_rtr: impl std::future::Future<Output = Result<(), SessionError>>,
+    ) -> Result<Unconfirmed, SessionError> {
         let Prepared {
             resources,
             protection,
@@ -1429,6 +1498,7 @@ impl Prepared {
             remote_gid: remote.gid,
             path_mtu: local.mtu.min(remote.mtu),
         })?;
+        at_rtr.await?;
         let mut qp = qp.into_rts(RtsParams { local_psn: psn })?;
         // What the device reports back, for audits: ibv_query_qp is a system call, which costs
         // a quarter of a millisecond of every handshake under emulation, so only when it is

@@ -1,7 +1,8 @@
 //! A bounded fuzz loop over the handshake frame decoder: whatever a peer sends (garbage, cut or
 //! mutated frames, lying length prefixes), every typed receiver answers with a value or an
 //! error, never a panic or a hang. The corpus has every message kind, the resume exchange's
-//! (the stream in the hello, each resume answer in the accept) included. Runs `HANDSHAKE_FUZZ_SECS` seconds (default 3).
+//! (the stream in the hello, each resume answer in the accept) and the early endpoint's (in the
+//! hello, the server's in the accept) included. Runs `HANDSHAKE_FUZZ_SECS` seconds (default 3).
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,8 @@ fn corpus() -> Vec<Vec<u8>> {
         r#"{"type":"abort","reason":{"kind":"authentication_failed"}}"#,
         r#"{"type":"bye"}"#,
         r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":null,"resume":{"kind":"new"},"writes_on_demand":true}"#,
+        r#"{"type":"hello","version":3,"capabilities":["send"],"ciphers":["chacha20-poly1305"],"stream":{"id":"0123456789abcdef0123456789abcdef","next":1,"sent":0},"early":{"endpoint":{"gid":"::ffff:10.77.0.2","qpn":18,"psn":123456,"mtu":1024},"buffer_size":4096,"rdma_window":16,"cipher":"chacha20-poly1305"}}"#,
+        r#"{"type":"accept","buffer_size":4096,"identity":"alice","cipher":"chacha20-poly1305","resume":{"kind":"new"},"rdma_window":16,"endpoint":{"gid":"::ffff:10.77.0.1","qpn":17,"psn":654321,"mtu":1024}}"#,
         r#"{"type":"write_open"}"#,
         r#"{"type":"write_grant","buffer":{"addr":0,"rkey":4660,"len":4128}}"#,
         r#"{"type":"write_reject","reason":{"kind":"quota","detail":"MR_COUNT limit 2 reached globally (2 live)"}}"#,

@@ -238,6 +238,32 @@ fn connections_per_second_are_set_against_cmtimes() {
     }
 }
 
+/// The warm path's rows, with the same warm connections without the early endpoint beside
+/// them (`--setup symmetric`), each against cmtime.
+#[test]
+fn the_warm_path_is_set_beside_the_same_connections_without_the_early_endpoint() {
+    let r = scripts::report(
+        "bench-report.py",
+        "round,tool,op,size,protection,metric,value,unit",
+        "1,cmtime,connect,0,none,per_connection_us,4000,us\n\
+         1,secure-rdma,connect,0,protected,per_connection_us,14000,us\n\
+         1,secure-rdma,connect:warm,0,protected,per_connection_us,15000,us\n\
+         1,secure-rdma,connect:warm_tcp_tls,0,protected,per_connection_us,8000,us\n\
+         1,secure-rdma,connect:warm_after_tls,0,protected,per_connection_us,7000,us\n\
+         1,secure-rdma,connect:warm_symmetric_after_tls,0,protected,per_connection_us,9000,us\n\
+         1,secure-rdma,connect:warm_extra_lane,0,protected,per_connection_us,6000,us\n",
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let t = r.table;
+    for line in [
+        "| &nbsp;&nbsp;of which everything after (admission, RDMA setup, confirmation) | 7,000.0 | 1.75x |",
+        "| &nbsp;&nbsp;the same without the early endpoint (`--setup symmetric`: endpoints, ready and confirmed over TLS after the accept) | 9,000.0 | 2.25x |",
+        "a warm session after TCP + TLS ≤ 0.5× cmtime",
+    ] {
+        assert!(t.contains(line), "{line} missing from:\n{t}");
+    }
+}
+
 #[test]
 fn a_hold_reports_delivery_and_what_its_memory_is_made_of() {
     let hold = |delivered: u32| {

@@ -53,6 +53,8 @@ struct Lab {
     server: ServerProc,
     victim: Victim,
     metrics: String,
+    /// The client's own flags, for each victim process.
+    client_flags: Vec<String>,
 }
 
 impl Lab {
@@ -62,6 +64,11 @@ impl Lab {
 
     /// With `extra` server flags.
     fn start_with(port: u16, metrics_port: u16, extra: &[&str]) -> Lab {
+        Lab::start_with_clients(port, metrics_port, extra, &[])
+    }
+
+    /// With `extra` server flags and `client` flags for each victim process.
+    fn start_with_clients(port: u16, metrics_port: u16, extra: &[&str], client: &[&str]) -> Lab {
         require_lab();
         let pki = Pki::new();
         pki.clients(&[VICTIM.to_owned()]);
@@ -69,12 +76,17 @@ impl Lab {
         let mut flags = vec!["--metrics", metrics.as_str()];
         flags.extend_from_slice(extra);
         let server = ServerProc::start(&pki, port, &flags);
+        let client_flags: Vec<String> = ["--reconnect-attempts", "20"]
+            .iter()
+            .chain(client)
+            .map(|f| f.to_string())
+            .collect();
         let victim = Victim::secure_client(
             pki.dir(),
             server.port,
             VICTIM,
             10,
-            &["--reconnect-attempts", "20"],
+            &client_flags.iter().map(String::as_str).collect::<Vec<_>>(),
         );
         server.log.wait_for("client connected", 1, STEP, |l| {
             l.contains("client connected")
@@ -84,6 +96,7 @@ impl Lab {
             server,
             victim,
             metrics,
+            client_flags,
         };
         wait_until(
             "the metrics endpoint",
@@ -136,7 +149,11 @@ impl Lab {
             self.server.port,
             VICTIM,
             10,
-            &["--reconnect-attempts", "20"],
+            &self
+                .client_flags
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
         );
         let old = std::mem::replace(&mut self.victim, victim);
         assert!(old.quit_ok());
@@ -536,6 +553,30 @@ fn with_a_warm_pool_a_previous_sessions_rkey_lands_nothing_either() {
     // Sessions 2, 3 and 4 (the client's reconnects) found resources ready; session 1 made
     // its own and started the pool.
     assert_eq!((warm, cold), (3, 1));
+}
+
+/// The same with a warm pool on the client too, so that its reconnects set their QP up with the
+/// early endpoint (its endpoint in the hello, made before it, the keys bound after the accept):
+/// the previous session's rkey is refused as before, and the current session's, which lands,
+/// is refused by the AEAD with the keys of a session set up that way.
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn with_the_early_endpoint_a_previous_sessions_rkey_lands_nothing_and_a_current_one_fails_the_tag()
+{
+    let lab = Lab::start_with_clients(4598, 9598, &["--warm-pool", "2"], &["--warm-pool", "2"]);
+    let server_log = lab.server.log.clone();
+    let (warm, cold, _) = old_rkey_attack(lab);
+    // Sessions 2 to 4 took ready resources on the server; the reconnects of the second
+    // process (sessions 3 and 4, the attacked one among them) went early.
+    assert_eq!((warm, cold), (3, 1));
+    let early: Vec<bool> = server_log
+        .events()
+        .iter()
+        .filter(|e| e["message"] == "client connected")
+        .map(|e| e["early"].as_bool().unwrap_or(false))
+        .collect();
+    eprintln!("sessions set up early: {early:?}");
+    assert_eq!(early, [false, false, true, true], "{early:?}");
 }
 
 #[test]

@@ -192,6 +192,11 @@ fn a_burst_of_ten_times_the_pool_makes_no_resource_on_a_warm_connections_path() 
     // The refill keeps up with a burst made one connection at a time: nearly every connection
     // finds its resources ready on the client, and so on the server.
     assert!(warm_connections * 10 >= BURST * 9, "{warm}");
+    // And nearly every one sent its QP's endpoint with its hello, taken by the server: only a
+    // warm QP goes early (one found ready after the hello left counts warm, not early).
+    let early = b.report["early_setups"].as_u64().unwrap_or(0) as usize;
+    assert!(early <= warm_connections, "{}", b.report);
+    assert!(early * 10 >= BURST * 8, "{}", b.report);
     let (server_warm, server_cold) = b.server_setups;
     assert!(
         server_warm as usize * 10 >= BURST * 9,
@@ -237,6 +242,7 @@ fn without_the_pools_every_connection_makes_its_resources_on_its_path() {
         b.report["after_tls_us"], b.server_setups, b.server, b.client
     );
     assert!(b.report.get("warm").is_none());
+    assert_eq!(b.report["early_setups"], 0, "no warm QP, no early endpoint");
     assert_eq!(b.server_setups, (0, (BURST + 1) as u64));
     for (end, calls) in [("client", &b.client), ("server", &b.server)] {
         assert_eq!(
@@ -247,5 +253,74 @@ fn without_the_pools_every_connection_makes_its_resources_on_its_path() {
         for verb in CREATES {
             assert_eq!(count(calls, verb, true), 0, "{end}: {calls:?}");
         }
+    }
+}
+
+/// Sessions whose first QP was set up with the early endpoint (a warm QP's endpoint in the
+/// hello, the server's in its accept, then only the tokens over RDMA) carry traffic: `bench
+/// hold` opens them one at a time from a client with a warm pool, holds them, and sends one
+/// 64-byte SEND on each at the end; the server's log has each exactly once. The same with
+/// `--setup symmetric` is the control (no early endpoint, the same deliveries).
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn sessions_set_up_with_the_early_endpoint_deliver_every_message_once() {
+    require_lab();
+    const N: usize = 12;
+    let pki = Pki::new();
+    pki.clients(&["hold".to_owned()]);
+    let pool = POOL.to_string();
+    let server = ServerProc::start(&pki, 4613, &["--warm-pool", &pool, "--max-clients", "64"]);
+    for (round, setup) in ["early", "symmetric"].into_iter().enumerate() {
+        let mut cmd = client(&pki, &server, Some("hold"));
+        cmd.args(["--warm-pool", &pool, "--setup", setup, "bench", "hold"])
+            .args([
+                "-n",
+                &N.to_string(),
+                "--concurrency",
+                "1",
+                "--hold",
+                "1",
+                "--json",
+            ]);
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn secure-client bench hold");
+        let out = wait_with_deadline(child, Duration::from_secs(600), setup);
+        assert!(
+            out.status.success(),
+            "{setup}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{setup}: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+        eprintln!("{setup}: {r}");
+        assert_eq!(r["established"], N, "{setup}: {r}");
+        assert_eq!(r["delivered"], N, "{setup}: {r}");
+        let early = r["early_setups"].as_u64().unwrap_or(0) as usize;
+        match setup {
+            // The first session tells the client what the server gives (and starts its pool);
+            // a later one goes early whenever its pool had a QP ready before its hello.
+            "early" => assert!(early * 2 >= N, "{setup}: {r}"),
+            _ => assert_eq!(early, 0, "{setup}: {r}"),
+        }
+        // Every held session's one message, once, at the server.
+        server.log.wait_for(
+            "every held session's SEND in the server's log",
+            (round + 1) * N,
+            STEP,
+            |l| l.contains("SEND received"),
+        );
+    }
+    let got = server.delivered("SEND received");
+    assert_eq!(got.len(), 2 * N, "{got:?}");
+    let sixty_four = "h".repeat(64);
+    for (client, seq, content) in &got {
+        assert_eq!(
+            (client.as_str(), *seq, content.as_str()),
+            ("hold", 1, sixty_four.as_str())
+        );
     }
 }

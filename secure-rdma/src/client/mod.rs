@@ -14,11 +14,11 @@ use tokio_rustls::TlsConnector;
 
 use crate::datapath::{AbortReason, StreamId};
 use crate::handshake::{
-    Accepted, Channel, HandshakeError, Kind, Message, RejectReason, Resume, StreamHello, Verdict,
-    CAPABILITIES, RDMA_ACKS, VERSION,
+    Accepted, Channel, EarlyEndpoint, Endpoint, HandshakeError, Kind, Message, RejectReason,
+    Resume, StreamHello, Verdict, CAPABILITIES, RDMA_ACKS, VERSION,
 };
 use crate::protect::{Cipher, Protection, Side};
-use crate::session::{Secrets, Session, SessionConfig, SessionError};
+use crate::session::{Prepared, Secrets, Session, SessionConfig, SessionError};
 
 mod lanes;
 mod link;
@@ -108,6 +108,12 @@ pub struct ClientConfig {
     /// given out on each new connection (one parity of the ephemeral range is full), where
     /// binding a chosen port is one lookup.
     pub source_ports: Option<std::ops::RangeInclusive<u16>>,
+    /// Send a warm QP's endpoint with the hello, made for the session the server gave this
+    /// [`Connector`] last (see [`crate::handshake::EarlyEndpoint`]): a server that takes it
+    /// answers with its own endpoint in the accept, and the setup needs no TLS message after
+    /// it. On by default; it applies only with a warm pool and without a shared receive queue,
+    /// from the second connection on. `false` follows the endpoint, ready and confirmed steps.
+    pub early_endpoint: bool,
 }
 
 impl ClientConfig {
@@ -133,7 +139,20 @@ impl ClientConfig {
             warm_pool: 0,
             shared_receive_queue: 0,
             source_ports: None,
+            early_endpoint: true,
         }
+    }
+
+    /// Sets [`ClientConfig::early_endpoint`].
+    ///
+    /// ```
+    /// use secure_rdma::client::ClientConfig;
+    /// let cfg = ClientConfig::new("10.77.0.1").with_early_endpoint(false);
+    /// assert!(!cfg.early_endpoint);
+    /// ```
+    pub fn with_early_endpoint(mut self, early: bool) -> ClientConfig {
+        self.early_endpoint = early;
+        self
     }
 
     /// Sets the lanes opened on connecting ([`ClientConfig::lanes`]; at least 1).
@@ -569,7 +588,7 @@ pub struct Phases {
     pub admission: Duration,
     /// Device and GID, PD, CQs, MRs, QP, endpoints exchanged, QP in RTS.
     pub rdma_setup: Duration,
-    /// Tokens over RDMA and confirmations over TLS.
+    /// Tokens over RDMA (and, without the early endpoint, the confirmations over TLS).
     pub confirmation: Duration,
     /// The TLS handshake resumed an earlier session of this [`Connector`] (a ticket: no
     /// certificates sent or verified, a fresh ECDHE all the same).
@@ -577,6 +596,42 @@ pub struct Phases {
     /// The RDMA resources were made ahead by the connector's warm pool
     /// ([`ClientConfig::warm_pool`]): only connecting the QP was left.
     pub warm: bool,
+    /// The server took the hello's early endpoint ([`ClientConfig::early_endpoint`]): no TLS
+    /// message after the accept.
+    pub early: bool,
+}
+
+/// A warm QP whose endpoint goes with the hello: its resources, the first PSN announced, the
+/// configuration they were made for.
+struct EarlyQp {
+    resources: crate::session::Resources,
+    psn: crate::psn::Psn,
+    config: SessionConfig,
+}
+
+/// What a session's resources are made for, as the server's accept decides it: the client's
+/// send slots hold the buffer size (sealed with the cipher), its receive slots the window's
+/// acknowledgements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SessionKind {
+    buffer_size: usize,
+    window: Option<usize>,
+    cipher: Option<Cipher>,
+}
+
+impl std::fmt::Display for SessionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}-byte buffers, {}, {}",
+            self.buffer_size,
+            match self.window {
+                Some(w) => format!("a window of {w}"),
+                None => "acknowledgements over TLS".to_owned(),
+            },
+            self.cipher.map_or("in clear", |c| c.name())
+        )
+    }
 }
 
 /// Makes many connections with one configuration: the TLS configuration (certificates read and
@@ -615,6 +670,8 @@ struct ConnectorInner {
     provision: Arc<provision::Provision>,
     /// The source ports in turn, when the configuration chooses them.
     source_ports: Option<source_ports::SourcePorts>,
+    /// The session the server gave the last connection: what an early endpoint is made for.
+    last_session: Mutex<Option<SessionKind>>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -639,6 +696,7 @@ impl Connector {
                 cfg,
                 tls: Mutex::new(None),
                 device: Mutex::new(None),
+                last_session: Mutex::new(None),
             }),
         }
     }
@@ -714,6 +772,50 @@ impl Connector {
         Ok((client, phases))
     }
 
+    /// A warm QP for the session the server gave the last connection, and its first PSN, for
+    /// the hello's early endpoint: `None` when the configuration does not send one, no session
+    /// is known yet, or no resource is ready (a QP made now would delay the hello by what the
+    /// early endpoint saves).
+    fn early_qp(
+        &self,
+        local: SocketAddr,
+        server_ip: std::net::IpAddr,
+    ) -> Result<Option<(EarlyQp, SessionKind)>, ClientError> {
+        let cfg = &self.inner.cfg;
+        if !cfg.early_endpoint {
+            return Ok(None);
+        }
+        let Some(kind) = *self
+            .inner
+            .last_session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+        else {
+            return Ok(None);
+        };
+        let (device, sgid) = self.device(local).map_err(ClientError::Device)?;
+        let config = session_config(
+            cfg,
+            kind.buffer_size,
+            kind.window,
+            kind.cipher.is_some(),
+            server_ip,
+        );
+        Ok(self
+            .inner
+            .provision
+            .take_warm(&device, &sgid, &config)
+            .map(|resources| {
+                let qp = EarlyQp {
+                    resources,
+                    // Drawn for this session alone, as every session's first PSN is.
+                    psn: crate::psn::Psn::random(),
+                    config,
+                };
+                (qp, kind)
+            }))
+    }
+
     /// The control connection's TCP connection to `addr` (host:port), from a source port of
     /// the configuration's range when it has one.
     async fn tcp_connect(&self, addr: &str) -> std::io::Result<TcpStream> {
@@ -773,6 +875,17 @@ impl Connector {
         let tcp_tls = started.elapsed();
         let tls_resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
         let mut chan = Channel::new(tls);
+        let server_ip = chan
+            .get_ref()
+            .get_ref()
+            .0
+            .peer_addr()
+            .map_err(unreachable)?
+            .ip();
+        // A QP ready for the session this server gave us last goes with the hello (see
+        // [`crate::handshake::EarlyEndpoint`]); its tokens and keys, like the others, while the
+        // hello travels.
+        let early = self.early_qp(local, server_ip)?;
         chan.send(&Message::Hello {
             version: VERSION,
             capabilities: CAPABILITIES
@@ -785,6 +898,12 @@ impl Connector {
                 .collect(),
             ciphers: cfg.ciphers.clone(),
             stream: Some(hello),
+            early: early.as_ref().map(|(qp, kind)| EarlyEndpoint {
+                endpoint: qp.resources.endpoint(qp.psn),
+                buffer_size: u32::try_from(kind.buffer_size).unwrap_or(u32::MAX),
+                rdma_window: kind.window.map(|w| w as u32),
+                cipher: kind.cipher,
+            }),
         })
         .await
         .map_err(tls_or)?;
@@ -818,6 +937,7 @@ impl Connector {
             rekey,
             lanes,
             writes_on_demand,
+            endpoint: server_endpoint,
             ..
         } = match verdict {
             Verdict::Accepted(accepted) => accepted,
@@ -866,6 +986,18 @@ impl Connector {
                 }))
             }
         };
+        let kind = SessionKind {
+            buffer_size,
+            window,
+            cipher,
+        };
+        // The early endpoint was taken only for the session it was made for.
+        let early = early_answer(server_endpoint, early, kind).map_err(tls_or)?;
+        *self
+            .inner
+            .last_session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(kind);
         // The first operation this session carries: where the server's delivery of the stream
         // stopped, or where the client's acknowledgements stop when the server has forgotten.
         let first = match &resume {
@@ -892,24 +1024,35 @@ impl Connector {
                 Some(p)
             }
         };
-        let server_ip = chan
-            .get_ref()
-            .get_ref()
-            .0
-            .peer_addr()
-            .map_err(unreachable)?
-            .ip();
+        let secrets = Secrets { tokens, protection };
         let admission = admission_started.elapsed();
         let (device, sgid) = self.device(local).map_err(ClientError::Device)?;
-        let session_cfg = session_config(cfg, buffer_size, window, protection.is_some(), server_ip);
-        let secrets = Secrets { tokens, protection };
-        let (prepared, path) = self
-            .inner
-            .provision
-            .prepare(&device, &sgid, secrets, session_cfg);
-        let established = match prepared {
-            Ok(prepared) => Session::establish_prepared(&mut chan, prepared).await,
-            Err(e) => Err(e),
+        let session_cfg = session_config(cfg, buffer_size, window, cipher.is_some(), server_ip);
+        let (established, path, early_taken) = match early {
+            Some((qp, remote)) => {
+                // The session it was made for (early_answer), so the same configuration.
+                let established = match Prepared::from_resources_announced(
+                    qp.resources,
+                    qp.psn,
+                    secrets,
+                    qp.config,
+                ) {
+                    Ok(prepared) => Session::establish_early_client(prepared, remote).await,
+                    Err(e) => Err(e),
+                };
+                (established, crate::warm::Path::Warm, true)
+            }
+            None => {
+                let (prepared, path) =
+                    self.inner
+                        .provision
+                        .prepare(&device, &sgid, secrets, session_cfg);
+                let established = match prepared {
+                    Ok(prepared) => Session::establish_prepared(&mut chan, prepared).await,
+                    Err(e) => Err(e),
+                };
+                (established, path, false)
+            }
         };
         let mut session = established.map_err(|e| match e {
             SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
@@ -932,6 +1075,7 @@ impl Connector {
             confirmation: timing.confirmation,
             tls_resumed,
             warm: path == crate::warm::Path::Warm,
+            early: early_taken,
         };
         // Lanes only where we asked and the acknowledgements come over RDMA.
         let lanes = lanes.filter(|_| window.is_some() && cfg.wants_rdma_acks());
@@ -953,6 +1097,31 @@ impl Connector {
             }),
         };
         Ok((link, identity, device, resume, phases))
+    }
+}
+
+/// What became of the hello's early endpoint (`sent`: what it was made with, and for which
+/// session), by the accept's `endpoint`: taken, with the server's endpoint, when the accept
+/// describes the session it was made for; not taken (`None`: that QP is freed, and the endpoints
+/// are exchanged as step 3 says) when the accept has no endpoint. An endpoint in an accept that
+/// answers no early endpoint, or one for another session, is the server breaking the protocol.
+fn early_answer<T>(
+    server_endpoint: Option<Endpoint>,
+    sent: Option<(T, SessionKind)>,
+    accepted: SessionKind,
+) -> Result<Option<(T, Endpoint)>, HandshakeError> {
+    match (server_endpoint, sent) {
+        (None, _) => Ok(None),
+        (Some(remote), Some((made, made_for))) if made_for == accepted => Ok(Some((made, remote))),
+        (Some(_), sent) => Err(HandshakeError::Invalid {
+            field: "endpoint",
+            reason: match sent {
+                None => "in the accept, but this client sent no early endpoint".into(),
+                Some((_, made_for)) => format!(
+                    "the server took the early endpoint made for {made_for} into a session of {accepted}"
+                ),
+            },
+        }),
     }
 }
 
@@ -1023,6 +1192,45 @@ mod tests {
         // In clear an acknowledgement is 14 bytes, but the first message is the 32-byte token.
         let clear = session_config(&cfg, 4096, None, false, server).shape();
         assert_eq!(clear.recv_len(), crate::tls::TOKEN_LEN);
+    }
+
+    #[test]
+    fn the_early_endpoint_is_used_only_for_the_session_it_was_made_for() {
+        let kind = SessionKind {
+            buffer_size: 4096,
+            window: Some(16),
+            cipher: Some(Cipher::ChaCha20Poly1305),
+        };
+        let remote = Endpoint {
+            gid: "::ffff:10.77.0.1".parse().unwrap(),
+            qpn: crate::psn::Qpn::new(0x11).unwrap(),
+            psn: crate::psn::Psn::new(7).unwrap(),
+            mtu: crate::verbs::PathMtu::Mtu1024,
+            buffer: None,
+        };
+        // Taken: the server's endpoint, for the QP that went with the hello.
+        let taken = early_answer(Some(remote), Some(("qp", kind)), kind).unwrap();
+        assert_eq!(taken, Some(("qp", remote)));
+        // Not taken, or none sent: the symmetric steps.
+        assert_eq!(early_answer(None, Some(("qp", kind)), kind).unwrap(), None);
+        assert_eq!(early_answer::<&str>(None, None, kind).unwrap(), None);
+        // An endpoint answering nothing, or a session the QP was not made for: refused.
+        let e = early_answer::<&str>(Some(remote), None, kind).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid endpoint in handshake message: in the accept, but this client sent no early endpoint"
+        );
+        let bigger = SessionKind {
+            buffer_size: 65536,
+            ..kind
+        };
+        let e = early_answer(Some(remote), Some(("qp", kind)), bigger).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid endpoint in handshake message: the server took the early endpoint made for \
+             4096-byte buffers, a window of 16, chacha20-poly1305 into a session of 65536-byte \
+             buffers, a window of 16, chacha20-poly1305"
+        );
     }
 
     #[test]

@@ -45,6 +45,21 @@ impl Provision {
         self.warm.prepare(device, sgid, secrets, config)
     }
 
+    /// A ready resource from the warm pool of `config`'s kind, and nothing made when none is:
+    /// for a QP wanted before the hello. `None` with a shared receive queue, whose sessions
+    /// take no warm resource.
+    pub(crate) fn take_warm(
+        &self,
+        device: &Arc<Device>,
+        sgid: &GidEntry,
+        config: &SessionConfig,
+    ) -> Option<crate::session::Resources> {
+        if self.shared_slots > 0 {
+            return None;
+        }
+        self.warm.take(device, sgid, config)
+    }
+
     /// `device`'s shared queue, made by the first session that asks, if sessions of `config`
     /// fit it. A session that does not (its messages are larger than the slots, made for the
     /// first session's size) or a device that cannot have one (no type 2 memory windows) gets

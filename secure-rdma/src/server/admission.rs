@@ -236,6 +236,19 @@ pub(super) struct Admitted {
     /// The session's payload cipher and key rotation, which its lanes use too.
     pub(super) cipher: Option<crate::protect::Cipher>,
     pub(super) rekey: RekeyPolicy,
+    /// The client's early endpoint, taken: the accept is not sent yet, but once this end's QP
+    /// is in RTR toward it ([`crate::handshake::EarlyEndpoint`]). Boxed: the session's task
+    /// carries this field's place for the session's whole life.
+    pub(super) early: Option<Box<EarlyStart>>,
+}
+
+/// What an early-endpoint setup still has to do on the server: connect to the client's QP,
+/// then send the accept with its own endpoint.
+pub(super) struct EarlyStart {
+    /// The client's endpoint, from its hello.
+    pub(super) remote: crate::handshake::Endpoint,
+    /// The accept, to send with this end's endpoint once its QP is in RTR.
+    pub(super) accept: Message,
 }
 
 /// Admission, steps 1–2 of the [handshake](crate::handshake): the hello, a
@@ -421,24 +434,45 @@ pub(super) async fn admit(
             }
         }
     };
+    let buffer_size = u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX);
+    let rdma_window_u32 = rdma_window.map(|w| w as u32);
+    // The client's early endpoint serves only the session its slots and keys were made for.
+    let early = hello
+        .early
+        .filter(|e| e.fits(buffer_size, rdma_window_u32, cipher));
+    if let Some(e) = &hello.early {
+        tracing::debug!(client = %identity, taken = early.is_some(), buffer_size = e.buffer_size, "early endpoint");
+    }
     let accept = Message::Accept {
-        buffer_size: u32::try_from(cfg.buffer_size).unwrap_or(u32::MAX),
+        buffer_size,
         identity: identity.clone(),
         cipher,
-        rdma_window: rdma_window.map(|w| w as u32),
+        rdma_window: rdma_window_u32,
         resume: stream.resume.clone(),
         // Only a protected session has keys to rotate.
         rekey: cipher.map(|_| rekey),
         lanes: lanes.then(|| u32::try_from(cfg.max_lanes_per_identity).unwrap_or(u32::MAX)),
         writes_on_demand,
+        endpoint: None,
     };
-    if chan.send(&accept).await.is_err() {
-        counts.handshake(HandshakeOutcome::Failed);
-        return Err(Outcome::Failed);
-    }
+    // With an early endpoint the accept waits for this end's QP (the session's setup sends it).
+    let early = match early {
+        Some(e) => Some(Box::new(EarlyStart {
+            remote: e.endpoint,
+            accept,
+        })),
+        None => {
+            if chan.send(&accept).await.is_err() {
+                counts.handshake(HandshakeOutcome::Failed);
+                return Err(Outcome::Failed);
+            }
+            None
+        }
+    };
     // The confirmation tokens and payload keys are derived while the accept travels: the
     // client needs neither before it has made its QP, and under emulation the four exporter
-    // calls take a few hundred microseconds of the handshake.
+    // calls take a few hundred microseconds of the handshake. (After an early endpoint they
+    // come before the accept, which waits for this end's QP: the keys go into it at RTS.)
     let secrets = match derive_secrets(chan.get_ref().get_ref().1, cipher) {
         Ok(mut secrets) => {
             if let Some(p) = secrets.protection.as_mut() {
@@ -466,6 +500,7 @@ pub(super) async fn admit(
         lane_closed,
         cipher,
         rekey,
+        early,
         held: Held {
             quota,
             _identity: identity_session,

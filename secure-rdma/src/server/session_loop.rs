@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::accept::Outcome;
-use super::admission::Admitted;
+use super::admission::{Admitted, EarlyStart};
 use super::handler::{Delivery, Peer};
 use super::lanes::{LaneContext, LaneEnd, Refused, RunningLanes};
 use super::render::{preview, render};
@@ -149,6 +149,7 @@ pub(super) async fn serve_session(
         lane_closed,
         cipher,
         rekey,
+        early,
     } = super::unbox(admitted);
     // A goodbye or an abort is a courtesy: never worth more than a short wait on a peer that
     // stopped reading.
@@ -188,10 +189,22 @@ pub(super) async fn serve_session(
     // The session itself is boxed too: the timeout's result lives through the match's arms
     // (their awaits), so a session held inline had two slots of its size in this future, the
     // result's and the local's (1,952 bytes each).
+    let early_setup = early.is_some();
     let setup = Box::pin(async {
-        Session::establish_prepared(&mut chan, prepared?)
-            .await
-            .map(Box::new)
+        match early {
+            // The client's QP came with its hello: ours goes to RTR toward it before the
+            // accept (with our endpoint) leaves, and the tokens follow over RDMA alone.
+            Some(early) => {
+                let EarlyStart { remote, mut accept } = *early;
+                let prepared = prepared?;
+                if let Message::Accept { endpoint, .. } = &mut accept {
+                    *endpoint = Some(prepared.local());
+                }
+                Session::establish_early_server(&mut chan, prepared, remote, &accept).await
+            }
+            None => Session::establish_prepared(&mut chan, prepared?).await,
+        }
+        .map(Box::new)
     });
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
@@ -254,6 +267,8 @@ pub(super) async fn serve_session(
         active = cfg.max_clients - shared.slots.available_permits(),
         max = cfg.max_clients,
         setup_ms = timing.setup.as_secs_f64() * 1e3,
+        // The client's QP came with its hello (handshake::EarlyEndpoint).
+        early = early_setup,
         "client connected"
     );
 
