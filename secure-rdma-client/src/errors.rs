@@ -26,7 +26,7 @@ pub fn exit_code(e: &ClientError) -> i32 {
         | ClientError::TlsConfig(_) => 4,
         ClientError::Unreachable { .. } => 5,
         ClientError::Device(_) => 6,
-        ClientError::Confirm(_) => 7,
+        ClientError::Confirm(_) | ClientError::LaneNotConfirmed { .. } => 7,
         ClientError::Session(_) | ClientError::Forged { .. } | ClientError::LaneLost { .. } => 8,
         ClientError::Unprotected { .. } | ClientError::BufferTooLarge { .. } => 9,
         // A cause this binary does not know yet: "other error".

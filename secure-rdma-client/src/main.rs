@@ -408,7 +408,11 @@ async fn run(cli: Cli) -> i32 {
                     ),
                     // The session and its other lanes go on; the exit status says a lane was
                     // refused.
-                    Err(e @ ClientError::LaneRejected { .. }) | Err(e @ ClientError::NoLanes) => {
+                    Err(
+                        e @ (ClientError::LaneRejected { .. }
+                        | ClientError::LaneNotConfirmed { .. }
+                        | ClientError::NoLanes),
+                    ) => {
                         eprintln!("secure-client: {}", Shown(&e));
                         status = exit_code(&e);
                     }

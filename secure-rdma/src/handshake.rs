@@ -899,6 +899,62 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
         use futures_util::SinkExt;
         let _ = SinkExt::<bytes::Bytes>::close(&mut self.framed).await;
     }
+
+    /// Awaits `rdma`, a step carried over RDMA alone (a confirmation by tokens), while
+    /// listening on this channel: each message that arrives meanwhile goes to `heard`, which
+    /// ends the step with its error (the peer's abort, with the peer's reason) or lets it go
+    /// on (`None`: a notice about something else). Without this, a peer that gave up and said
+    /// why over TLS would leave the step to wait out its own timeout and report that instead.
+    /// A channel that fails or closes ends the step too: the session cannot go on without it.
+    /// When `rdma` finishes first, nothing unread is lost (receiving is cancel-safe).
+    ///
+    /// ```
+    /// use secure_rdma::datapath::AbortReason;
+    /// use secure_rdma::handshake::{Channel, HandshakeError, Message};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), HandshakeError> {
+    /// let (a, b) = tokio::io::duplex(4096);
+    /// let (mut client, mut server) = (Channel::new(a), Channel::new(b));
+    /// let reason = AbortReason::RdmaSetup { detail: "bad token".into() };
+    /// server.send(&Message::Abort { reason: reason.clone() }).await?;
+    /// // A confirmation that would only have timed out ends with the server's reason.
+    /// let never = std::future::pending::<Result<(), HandshakeError>>();
+    /// let err = client.unless_told(never, |m| Some(m.into_abort())).await.unwrap_err();
+    /// assert!(matches!(err, HandshakeError::Aborted(r) if r == reason));
+    /// # Ok(()) }
+    /// ```
+    pub async fn unless_told<T, E: From<HandshakeError>>(
+        &mut self,
+        rdma: impl std::future::Future<Output = Result<T, E>>,
+        mut heard: impl FnMut(Message) -> Option<E>,
+    ) -> Result<T, E> {
+        tokio::pin!(rdma);
+        loop {
+            tokio::select! {
+                // The step's own result first: a confirmation that completed is not undone by
+                // a message that came with it.
+                biased;
+                done = &mut rdma => return done,
+                message = self.recv::<Message>() => {
+                    if let Some(e) = heard(message?) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Message {
+    /// What a message that arrives while only an abort may come means: the peer's reason for
+    /// an [`Message::Abort`], a protocol error for anything else.
+    pub fn into_abort(self) -> HandshakeError {
+        match self {
+            Message::Abort { reason } => HandshakeError::Aborted(reason),
+            other => unexpected(Kind::Abort, &other),
+        }
+    }
 }
 
 /// The error of a step that received `got` where it expected `expected`.
@@ -1335,6 +1391,103 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    /// After an early accept the client waits for the server's token over RDMA alone. A server
+    /// that refused the client's token says why over TLS: the wait ends with that reason at
+    /// once, not after the confirmation's timeout (5 s by default) with a timeout's message,
+    /// as it did before `unless_told`.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_over_rdma_ends_with_the_peer_s_abort_not_its_own_timeout() {
+        use std::time::Duration;
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (mut client, mut server) = (Channel::new(a), Channel::new(b));
+        // What the confirmation does when no token comes: it times out, as a paused clock
+        // would let it at once were the abort not heard first.
+        let confirm_timeout = || async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Err::<(), _>(HandshakeError::Invalid {
+                field: "token",
+                reason: "timed out".into(),
+            })
+        };
+        let bad_token = AbortReason::RdmaSetup {
+            detail: "the client's confirmation token did not match".into(),
+        };
+        server
+            .send(&Message::Abort {
+                reason: bad_token.clone(),
+            })
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let e = client
+            .unless_told(confirm_timeout(), |m| Some(m.into_abort()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, HandshakeError::Aborted(r) if *r == bad_token),
+            "{e}"
+        );
+        assert!(e.to_string().contains("did not match"), "{e}");
+        assert_eq!(started.elapsed(), Duration::ZERO, "heard at once");
+
+        // A message that only notifies goes to `heard` and the step goes on to its own end.
+        server.send(&Message::Ready).await.unwrap();
+        let mut notices = 0;
+        let done = client
+            .unless_told(
+                async {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Ok::<_, HandshakeError>(7)
+                },
+                |m| {
+                    assert_eq!(m.kind(), Kind::Ready);
+                    notices += 1;
+                    None
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((done, notices), (7, 1));
+
+        // Anything but an abort where only an abort may come is a protocol error.
+        server.send(&Message::Confirmed).await.unwrap();
+        let e = client
+            .unless_told(confirm_timeout(), |m| Some(m.into_abort()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HandshakeError::Unexpected {
+                    expected: Kind::Abort,
+                    got: Kind::Confirmed
+                }
+            ),
+            "{e}"
+        );
+
+        // A step that finishes first leaves what came meanwhile unread, whole.
+        server.send(&Message::Bye).await.unwrap();
+        let done = client
+            .unless_told(async { Ok::<_, HandshakeError>(1) }, |m| {
+                Some(m.into_abort())
+            })
+            .await
+            .unwrap();
+        assert_eq!(done, 1);
+        assert_eq!(client.recv::<Message>().await.unwrap().kind(), Kind::Bye);
+
+        // The channel closing ends the step: no session goes on without it.
+        drop(server);
+        let started = tokio::time::Instant::now();
+        let e = client
+            .unless_told(confirm_timeout(), |m| Some(m.into_abort()))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, HandshakeError::Closed), "{e}");
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[test]

@@ -118,6 +118,10 @@ pub enum SessionError {
     /// The RDMA path did not deliver the peer's token in time.
     #[error("RDMA connection not confirmed within {0:?}: the peer's token never arrived over RDMA (a PSN or GID mismatch drops RC packets silently)")]
     ConfirmTimeout(Duration),
+    /// The RDMA path failed the confirmation: a token's SEND or receive completed in error
+    /// (our SEND never acknowledged by the peer's QP: retries exceeded).
+    #[error("RDMA connection not confirmed: {0}; the peer's QP does not answer over RDMA (a PSN or GID mismatch, or a path that drops RDMA packets)")]
+    ConfirmFailed(VerbsError),
     /// A token arrived but it is not this TLS session's.
     #[error("RDMA connection not confirmed: the peer's token does not belong to this TLS session")]
     BadToken,
@@ -626,15 +630,23 @@ impl Session {
     /// The client's end of an early-endpoint setup ([`crate::handshake::EarlyEndpoint`]): the
     /// server took the endpoint of `prepared` from the hello and answered with its own,
     /// `remote`, its QP already in RTR. Ours goes to RTS and SENDs its token first; the
-    /// server's token, which it SENDs once it has checked ours, confirms both. No TLS message.
-    pub async fn establish_early_client(
+    /// server's token, which it SENDs once it has checked ours, confirms both. No TLS message
+    /// is sent; `chan` is listened to meanwhile ([`Channel::unless_told`]): a server that
+    /// refuses our token, or fails after its accept, says why there with an abort, which ends
+    /// the setup at once with its reason instead of the confirmation's timeout.
+    pub async fn establish_early_client<S: AsyncRead + AsyncWrite + Unpin>(
+        chan: &mut Channel<S>,
         prepared: Prepared,
         remote: Endpoint,
     ) -> Result<Session, SessionError> {
-        prepared
-            .connect(remote)
-            .await?
-            .confirm(Confirm::First)
+        let confirm = async {
+            prepared
+                .connect(remote)
+                .await?
+                .confirm(Confirm::First)
+                .await
+        };
+        chan.unless_told(confirm, |m| Some(m.into_abort().into()))
             .await
     }
 
@@ -1583,7 +1595,8 @@ impl Unconfirmed {
     /// Exchanges the confirmation tokens over the QP in the order `how` says, each bounded by
     /// the session's timeout, and checks the peer's: then the RDMA path is proven to be this
     /// TLS session's (a wrong PSN or GID drops RC packets silently; this turns that silence
-    /// into [`SessionError::ConfirmTimeout`]).
+    /// into [`SessionError::ConfirmTimeout`], or [`SessionError::ConfirmFailed`] when the
+    /// token's SEND is never acknowledged).
     pub async fn confirm(self, how: Confirm) -> Result<Session, SessionError> {
         let Unconfirmed {
             mut session,
@@ -1594,9 +1607,11 @@ impl Unconfirmed {
         // A token that never comes, or a SEND or receive that completes in error, is the RDMA
         // path not working: the PSN or GID mismatch the tokens are there to catch.
         let unconfirmed = |e: SessionError| match e {
-            SessionError::Verbs(VerbsError::Timeout { .. })
-            | SessionError::Verbs(VerbsError::WorkCompletion { .. }) => {
+            SessionError::Verbs(VerbsError::Timeout { .. }) => {
                 SessionError::ConfirmTimeout(timeout)
+            }
+            SessionError::Verbs(e @ VerbsError::WorkCompletion { .. }) => {
+                SessionError::ConfirmFailed(e)
             }
             other => other,
         };

@@ -244,6 +244,17 @@ pub struct StreamOutcome {
 impl StreamRun {
     /// Starts `stream-client` as `name` against the server on 10.77.0.1:`port`.
     pub fn start(pki: &Pki, port: u16, name: &str, spec: &StreamSpec) -> StreamRun {
+        StreamRun::start_with(pki, port, name, spec, &[])
+    }
+
+    /// [`StreamRun::start`] with more of stream-client's flags (`--warm-pool 2`).
+    pub fn start_with(
+        pki: &Pki,
+        port: u16,
+        name: &str,
+        spec: &StreamSpec,
+        extra: &[&str],
+    ) -> StreamRun {
         let mut child = Command::new(bin("stream-client"))
             .arg(ADDR_A)
             .args(["--port", &port.to_string(), "--certs"])
@@ -255,6 +266,7 @@ impl StreamRun {
             .args(["--burst", &spec.burst.to_string()])
             .args(["--timeout", &spec.timeout_secs.to_string()])
             .args(["--lanes", &spec.lanes.to_string()])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -13,6 +13,9 @@
 //! - Test 6: netem loss, duplication and reordering on both veths: no attacker, only faults.
 //! - Lanes (issue 22): a session with three lanes loses its TLS connection to an on-path
 //!   reset; every lane's stream resumes on the new session, each operation delivered once.
+//! - The early endpoint (issue 22): test 2's fault held through the reconnect, which goes
+//!   early and loses its tokens; the client hears why or fails its own token, tries again, and
+//!   every operation is delivered once.
 //!
 //! Every fault is undone by a guard, also when a test fails. Run inside the lab VM:
 //! `scripts/softroce-vm.sh` (scripts/test.sh does).
@@ -135,6 +138,113 @@ fn lost_rdma_acknowledgements_are_learned_on_resume_and_nothing_is_delivered_twi
     // (the deliveries counted from the server's output after the rule was in are only
     // indicative: the rule is in before nft returns).
     assert!(s.acknowledged_while_away >= 1, "{}", out.summary_line);
+}
+
+// ------------------------------------------------------------------ a reconnect's lost tokens
+
+/// Test 2's fault held through the reconnect: a client streams to the server; the server's
+/// RoCEv2 packets toward it are then dropped (nft at veth-b's ingress) until the server has
+/// given up a setup of the reconnect. So the session is lost, and its reconnect loses what
+/// is left of a setup over RDMA: the server's token, and its ACKs of the client's, never
+/// arrive. The client's own token SEND fails (retries exceeded), or the server gives up first
+/// and says why over TLS, which the client hears even on the early path, where it waits on
+/// RDMA alone. On a resume that is the path's fault, not the configuration's (the same
+/// configuration carried the lost session), so the client tries again; the test lifts the
+/// rule once the server has given a setup up, and every operation is delivered once, in order.
+/// With `warm_pool` the reconnect goes early (issue 22's early endpoint): its QP in the hello.
+///
+/// Before (f73620f's resume), the failed confirmation was not retried: the stream ended with
+/// its operations unacknowledged (`RDMA connection not confirmed`: 157 of 600 sent and 156
+/// acknowledged in the early run, 219 and 218 in the symmetric one), although the next attempt
+/// would have worked.
+fn reconnect_losing_its_tokens(port: u16, warm_pool: &str, early: bool) {
+    const OPS: u64 = 600;
+    require_lab();
+    let pki = pki(&[VICTIM]);
+    let server = MessageServer::start(pki.dir(), port, &["--ids"]);
+    let spec = StreamSpec {
+        ops: OPS,
+        rate: 100.0,
+        window: 16,
+        burst: 1,
+        // Gives the session up soon after its acknowledgements stop.
+        timeout_secs: 3,
+        lanes: 1,
+    };
+    let run = StreamRun::start_with(&pki, port, VICTIM, &spec, &["--warm-pool", warm_pool]);
+    server.wait_until("the stream under way", STEP, |s| {
+        s.deliveries().len() >= 100
+    });
+    let path = format!("early={early}");
+    let given_up = |s: &MessageServer| {
+        s.err
+            .snapshot()
+            .iter()
+            .filter(|l| l.contains("RDMA setup failed") && l.contains(&path))
+            .count()
+    };
+    assert_eq!(given_up(&server), 0, "{}", server.context());
+    let rule = NftDrop::roce_ingress(
+        &format!("resume_faults_tokens_{port}"),
+        "veth-b",
+        ADDR_A,
+        ADDR_B,
+    );
+    // The lost session's reconnect loses its tokens; the server gives that setup up.
+    server.wait_until("a reconnect's setup given up by the server", STEP, |s| {
+        given_up(s) >= 1
+    });
+    let dropped = rule.remove();
+    let out = run.finish(Duration::from_secs(240));
+    assert_stream_exactly_once(&server, VICTIM, OPS, &out);
+    let retried: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("\"retrying\""))
+        .collect();
+    let connected: Vec<String> = server
+        .err
+        .snapshot()
+        .into_iter()
+        .filter(|l| l.contains("client connected"))
+        .collect();
+    println!(
+        "{}",
+        json!({"reconnect_lost_tokens": {
+            "early": early,
+            "ops": OPS,
+            "packets_dropped": dropped,
+            "setups_given_up": given_up(&server),
+            "retries": retried,
+            "sessions": connected.len(),
+            "recovery_ms": out.summary.recovery_ms.max,
+        }})
+    );
+    assert!(
+        dropped > 0,
+        "the rule dropped nothing\n{}",
+        server.context()
+    );
+    assert!(!retried.is_empty(), "no retry\n{}", out.stderr);
+    assert!(out.summary.resumes >= 1, "{}", out.summary_line);
+    // The first session went the symmetric way (nothing known of the server yet); the one
+    // that carried the stream on went the reconnect's way.
+    assert!(connected.len() >= 2, "{}", server.context());
+    assert!(connected[0].contains("early=false"), "{}", connected[0]);
+    let last = &connected[connected.len() - 1];
+    assert!(last.contains(&path), "{last}");
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn an_early_reconnect_that_loses_its_tokens_is_retried_and_every_operation_arrives_once() {
+    reconnect_losing_its_tokens(4767, "2", true);
+}
+
+#[test]
+#[ignore = "needs the Soft-RoCE lab: run by scripts/test.sh inside scripts/softroce-vm.sh"]
+fn a_symmetric_reconnect_that_loses_its_tokens_is_retried_and_every_operation_arrives_once() {
+    reconnect_losing_its_tokens(4768, "0", false);
 }
 
 // ------------------------------------------------------------------ lanes across a lost session

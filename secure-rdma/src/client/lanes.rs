@@ -218,6 +218,22 @@ impl Lane {
     }
 }
 
+/// What a message from the server means while lane `lane` is being confirmed over RDMA: the
+/// server closed this lane (its token refused, its QP failed) or ended the session, each with
+/// its reason; another lane it closed is remembered in `closed` and the confirmation goes on.
+fn heard_while_confirming(lane: u32, closed: &mut ClosedLanes, m: Message) -> Option<ClientError> {
+    match m {
+        Message::LaneClosed { lane: l, reason } if l == lane => {
+            Some(ClientError::LaneNotConfirmed { lane, reason })
+        }
+        Message::LaneClosed { lane: l, reason } => {
+            closed.record(l, reason);
+            None
+        }
+        other => Some(tls_or(other.into_abort())),
+    }
+}
+
 impl super::Client {
     /// Opens one more lane on this live session: a QP of its own (fresh CSPRNG PSN, keys and
     /// confirmation tokens whose exporter context names the lane), asked for and answered
@@ -301,14 +317,25 @@ impl super::Client {
             LaneAnswer::Accepted(remote, answered) => (remote, answered),
             LaneAnswer::Rejected(reason) => return Err(ClientError::LaneRejected { lane, reason }),
         };
-        let unconfirmed = prepared.connect(remote).await.map_err(device_or_session)?;
-        let mut session = unconfirmed
-            .confirm(Confirm::First)
-            .await
-            .map_err(|e| match e {
-                SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
-                other => device_or_session(other),
-            })?;
+        let confirm = async {
+            let unconfirmed = prepared.connect(remote).await.map_err(device_or_session)?;
+            unconfirmed
+                .confirm(Confirm::First)
+                .await
+                .map_err(|e| match e {
+                    SessionError::ConfirmTimeout(_)
+                    | SessionError::ConfirmFailed(_)
+                    | SessionError::BadToken => ClientError::Confirm(e),
+                    other => device_or_session(other),
+                })
+        };
+        // The server's word on this lane comes over TLS: heard while the tokens travel.
+        let closed = &mut self.link.closed_lanes;
+        let mut session = self
+            .link
+            .chan
+            .unless_told(confirm, |m| heard_while_confirming(lane, closed, m))
+            .await?;
         // Where the stream goes on: a fresh one from 1, a resumed one after what the server
         // delivered, an expired one from the oldest operation kept.
         let first = match (&answered, resume) {
@@ -508,5 +535,55 @@ fn device_or_session(e: SessionError) -> ClientError {
     match e {
         SessionError::Verbs(v) => ClientError::Device(v),
         other => ClientError::Session(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::AbortReason;
+
+    /// While a lane's tokens travel over RDMA, the server's word over TLS ends the wait with
+    /// its reason: this lane closed (its token refused), the session aborted. Another lane's
+    /// closing is remembered and the wait goes on.
+    #[test]
+    fn what_the_server_says_while_a_lane_is_confirmed() {
+        let mut closed = ClosedLanes::default();
+        let other = Message::LaneClosed {
+            lane: 2,
+            reason: "not confirmed in time".into(),
+        };
+        assert!(heard_while_confirming(3, &mut closed, other).is_none());
+        assert_eq!(closed.reason(2).as_deref(), Some("not confirmed in time"));
+
+        let ours = Message::LaneClosed {
+            lane: 3,
+            reason: "not confirmed: the peer's confirmation token did not match".into(),
+        };
+        let e = heard_while_confirming(3, &mut closed, ours).unwrap();
+        assert!(
+            matches!(e, ClientError::LaneNotConfirmed { lane: 3, .. }),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "lane 3 was not confirmed: the server closed it (not confirmed: the peer's \
+             confirmation token did not match); the session and its other lanes go on"
+        );
+        assert_eq!(
+            closed.reason(3),
+            None,
+            "this lane's end is the error, not a notice"
+        );
+
+        let abort = Message::Abort {
+            reason: AbortReason::AuthenticationFailed,
+        };
+        let e = heard_while_confirming(3, &mut closed, abort).unwrap();
+        assert!(e.is_session_lost(), "{e}");
+        assert!(e.to_string().contains("failed authentication"), "{e}");
+
+        let e = heard_while_confirming(3, &mut closed, Message::Ready).unwrap();
+        assert!(e.to_string().contains("protocol error"), "{e}");
     }
 }

@@ -400,6 +400,15 @@ pub enum ClientError {
         /// Why.
         reason: RejectReason,
     },
+    /// The server closed a lane while it was being confirmed (it refused the lane's token, or
+    /// its QP failed): the reason is the server's, said over TLS.
+    #[error("lane {lane} was not confirmed: the server closed it ({reason}); the session and its other lanes go on")]
+    LaneNotConfirmed {
+        /// The lane asked for.
+        lane: u32,
+        /// The server's reason.
+        reason: String,
+    },
     /// A lane other than the first failed (its QP errored, an acknowledgement never came or
     /// failed authentication). The client resumes its stream on a new lane once
     /// ([`Client::flush`]); this is the error when that is not possible, or the new lane fails
@@ -448,6 +457,34 @@ impl ClientError {
             ClientError::Rejected(RejectReason::ShuttingDown) => true,
             _ => false,
         }
+    }
+
+    /// True when a resume's attempt that failed with this error is worth another: a lost
+    /// session ([`ClientError::is_session_lost`]), and also a confirmation that failed over
+    /// RDMA ([`ClientError::Confirm`] with [`SessionError::ConfirmTimeout`] or
+    /// [`SessionError::ConfirmFailed`]). On a first
+    /// connection that is as likely a configuration that can never work (a GID or PSN
+    /// mismatch drops RC packets silently), so it is reported at once; on a resume the same
+    /// configuration and path carried the lost session, so a token lost on the way is the
+    /// path's fault, as the lost session itself was, and the next attempt may well pass.
+    ///
+    /// ```
+    /// use secure_rdma::client::ClientError;
+    /// use secure_rdma::session::SessionError;
+    /// use std::time::Duration;
+    ///
+    /// let lost_token = ClientError::Confirm(SessionError::ConfirmTimeout(Duration::from_secs(5)));
+    /// assert!(!lost_token.is_session_lost() && lost_token.worth_another_resume());
+    /// assert!(!ClientError::Confirm(SessionError::BadToken).worth_another_resume());
+    /// ```
+    pub fn worth_another_resume(&self) -> bool {
+        self.is_session_lost()
+            || matches!(
+                self,
+                ClientError::Confirm(
+                    SessionError::ConfirmTimeout(_) | SessionError::ConfirmFailed(_)
+                )
+            )
     }
 
     /// The abort that ended the session because this client's certificate no longer admits it
@@ -570,6 +607,12 @@ pub async fn connect_with_retry(
 /// handshake has completed, so its refusal (an alert) surfaces on the first
 /// read or write of the control channel: report that as a TLS refusal, not a
 /// protocol error.
+impl From<HandshakeError> for ClientError {
+    fn from(e: HandshakeError) -> Self {
+        tls_or(e)
+    }
+}
+
 fn tls_or(e: HandshakeError) -> ClientError {
     if let HandshakeError::Io(io) = &e {
         if let Some(inner) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
@@ -1037,7 +1080,9 @@ impl Connector {
                     secrets,
                     qp.config,
                 ) {
-                    Ok(prepared) => Session::establish_early_client(prepared, remote).await,
+                    Ok(prepared) => {
+                        Session::establish_early_client(&mut chan, prepared, remote).await
+                    }
                     Err(e) => Err(e),
                 };
                 (established, crate::warm::Path::Warm, true)
@@ -1055,7 +1100,9 @@ impl Connector {
             }
         };
         let mut session = established.map_err(|e| match e {
-            SessionError::ConfirmTimeout(_) | SessionError::BadToken => ClientError::Confirm(e),
+            SessionError::ConfirmTimeout(_)
+            | SessionError::ConfirmFailed(_)
+            | SessionError::BadToken => ClientError::Confirm(e),
             SessionError::Verbs(v) => ClientError::Device(v),
             other => ClientError::Session(other),
         })?;

@@ -655,7 +655,7 @@ impl Client {
                     self.tell(Recovering::Recovered(&event));
                     return Ok(event);
                 }
-                Err(e) if e.is_session_lost() && attempts <= backoff.attempts => {
+                Err(e) if e.worth_another_resume() && attempts <= backoff.attempts => {
                     let delay = backoff.delay(attempts - 1);
                     tracing::debug!(error = %e, attempts, ?delay, "reconnecting");
                     self.tell(Recovering::Retrying {

@@ -209,7 +209,7 @@ pub(super) async fn serve_session(
     let mut session = match tokio::time::timeout(cfg.handshake_timeout, setup).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "RDMA setup failed; resources freed");
+            tracing::warn!(client = %identity, error = %e, early = early_setup, "RDMA setup failed; resources freed");
             metrics.handshake(HandshakeOutcome::Failed);
             // The client waits for our endpoint or confirmation: tell it why none comes,
             // rather than close the connection on it (bounded: it may have gone).
@@ -222,7 +222,7 @@ pub(super) async fn serve_session(
             return Outcome::Failed;
         }
         Err(_) => {
-            tracing::warn!("RDMA setup timed out; resources freed");
+            tracing::warn!(client = %identity, early = early_setup, "RDMA setup timed out; resources freed");
             metrics.handshake(HandshakeOutcome::TimedOut);
             return Outcome::Failed;
         }

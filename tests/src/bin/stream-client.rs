@@ -53,6 +53,10 @@ struct Args {
     /// acknowledging its own in order, the lanes in no set order; the window counts them all.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     lanes: u32,
+    /// Ready QPs kept by the client (`ClientConfig::with_warm_pool`): its reconnects then send
+    /// their endpoint with the hello (the early endpoint).
+    #[arg(long, default_value_t = 0)]
+    warm_pool: usize,
 }
 
 /// What the library told the recovery observer, with when.
@@ -271,6 +275,7 @@ async fn main() -> std::process::ExitCode {
         .client
         .config(Duration::from_secs(args.timeout))
         .with_rdma_acks(true)
+        .with_warm_pool(args.warm_pool)
         .with_recovery(match args.no_resume {
             true => Recovery::Resend,
             false => Recovery::Resume,
