@@ -4,11 +4,12 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use futures_util::TryFutureExt;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::link::session_ended;
-use super::{tls_or, ClientError};
+use super::{setup_failed, tls_or, ClientError};
 use crate::datapath::{Ack, Op, StreamId};
 use crate::handshake::{Channel, HandshakeError, Message, Resume};
 use crate::lanes::{ClosedLanes, Control, LaneAnswer};
@@ -318,23 +319,20 @@ impl super::Client {
             LaneAnswer::Rejected(reason) => return Err(ClientError::LaneRejected { lane, reason }),
         };
         let confirm = async {
-            let unconfirmed = prepared.connect(remote).await.map_err(device_or_session)?;
-            unconfirmed
+            prepared
+                .connect(remote)
+                .await?
                 .confirm(Confirm::First)
                 .await
-                .map_err(|e| match e {
-                    SessionError::ConfirmTimeout(_)
-                    | SessionError::ConfirmFailed(_)
-                    | SessionError::BadToken => ClientError::Confirm(e),
-                    other => device_or_session(other),
-                })
         };
         // The server's word on this lane comes over TLS: heard while the tokens travel.
         let closed = &mut self.link.closed_lanes;
         let mut session = self
             .link
             .chan
-            .unless_told(confirm, |m| heard_while_confirming(lane, closed, m))
+            .unless_told(confirm.map_err(setup_failed), |m| {
+                heard_while_confirming(lane, closed, m)
+            })
             .await?;
         // Where the stream goes on: a fresh one from 1, a resumed one after what the server
         // delivered, an expired one from the oldest operation kept.

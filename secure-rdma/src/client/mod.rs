@@ -607,12 +607,6 @@ pub async fn connect_with_retry(
 /// handshake has completed, so its refusal (an alert) surfaces on the first
 /// read or write of the control channel: report that as a TLS refusal, not a
 /// protocol error.
-impl From<HandshakeError> for ClientError {
-    fn from(e: HandshakeError) -> Self {
-        tls_or(e)
-    }
-}
-
 fn tls_or(e: HandshakeError) -> ClientError {
     if let HandshakeError::Io(io) = &e {
         if let Some(inner) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
@@ -620,6 +614,25 @@ fn tls_or(e: HandshakeError) -> ClientError {
         }
     }
     ClientError::Session(e.into())
+}
+
+/// A control channel's error as the client reports it ([`tls_or`]).
+impl From<HandshakeError> for ClientError {
+    fn from(e: HandshakeError) -> Self {
+        tls_or(e)
+    }
+}
+
+/// An RDMA setup's error as the client reports it, a session's first QP or a lane's: a
+/// confirmation that failed, the device's, or the session's.
+fn setup_failed(e: SessionError) -> ClientError {
+    match e {
+        SessionError::ConfirmTimeout(_)
+        | SessionError::ConfirmFailed(_)
+        | SessionError::BadToken => ClientError::Confirm(e),
+        SessionError::Verbs(v) => ClientError::Device(v),
+        other => ClientError::Session(other),
+    }
 }
 
 /// How long each phase of one connection took (see [`Connector::connect_timed`]).
@@ -1099,13 +1112,7 @@ impl Connector {
                 (established, path, false)
             }
         };
-        let mut session = established.map_err(|e| match e {
-            SessionError::ConfirmTimeout(_)
-            | SessionError::ConfirmFailed(_)
-            | SessionError::BadToken => ClientError::Confirm(e),
-            SessionError::Verbs(v) => ClientError::Device(v),
-            other => ClientError::Session(other),
-        })?;
+        let mut session = established.map_err(setup_failed)?;
         // The hello lists WRITE_ON_DEMAND: a server that agrees sends its write region when
         // asked, before the first WRITE (one that sent it anyway has it in its endpoint).
         if writes_on_demand {
